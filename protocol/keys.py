@@ -1,0 +1,111 @@
+"""Every Redis key and stream name inferq uses, under one namespace.
+
+Layout (namespace ``inferq`` by default)::
+
+    {ns}:stream:{model}:{lane}    request stream per model and priority lane (consumer group GROUP)
+    {ns}:replies:{gateway}        reply stream of one gateway process (read by its one listener)
+    {ns}:result:{request}         result of one request (SET NX with a TTL)
+    {ns}:cache:{model}:{version}:{digest}   shared result cache, content-addressed
+    {ns}:workers                  zset: worker id -> heartbeat expiry (Redis-clock ms)
+    {ns}:worker:{worker}          one worker's advertisement (models it serves), with a TTL
+    {ns}:models                   hash: model name -> last published metadata
+    {ns}:job:{id}                 async job state (reserved for the jobs API)
+    {ns}:idempotency:{key}        idempotency-key -> job id (reserved for the jobs API)
+    {ns}:dlq:{model}              dead-letter stream per model (reserved for fault handling)
+
+Model names and versions are validated by the gateway and the model repository before they are
+ever used in a key (see ``is_valid_name``), so a name cannot smuggle in a ``:`` or a path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+GROUP = "workers"
+"""The one consumer group every worker joins on every request stream."""
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+def is_valid_name(name: str) -> bool:
+    """Model names and versions: letters, digits, ``_``, ``-``, ``.``; no path tricks."""
+    return bool(_NAME.match(name)) and ".." not in name
+
+
+class Lane(StrEnum):
+    """Priority lanes. Workers drain them high first."""
+
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+    @classmethod
+    def for_priority(cls, priority: int) -> Lane:
+        """Map a V2 ``priority`` (1 highest; 0 or absent is the default) onto a lane.
+
+        1 is high, 0 is normal, 2 and above are low (where async jobs go by default).
+        """
+        if priority == 1:
+            return cls.HIGH
+        if priority >= 2:
+            return cls.LOW
+        return cls.NORMAL
+
+
+LANES_BY_PRIORITY: tuple[Lane, ...] = (Lane.HIGH, Lane.NORMAL, Lane.LOW)
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Builds every key name; one instance per process, from its settings' namespace."""
+
+    namespace: str = "inferq"
+
+    def stream(self, model: str, lane: Lane) -> str:
+        return f"{self.namespace}:stream:{model}:{lane.value}"
+
+    def streams(self, model: str) -> list[str]:
+        """A model's request streams, highest priority first."""
+        return [self.stream(model, lane) for lane in LANES_BY_PRIORITY]
+
+    def parse_stream(self, key: str) -> tuple[str, Lane] | None:
+        """The (model, lane) of a request stream key, or None if it is not one."""
+        prefix = f"{self.namespace}:stream:"
+        if not key.startswith(prefix):
+            return None
+        model, _, lane = key[len(prefix) :].rpartition(":")
+        try:
+            return model, Lane(lane)
+        except ValueError:
+            return None
+
+    def replies(self, gateway_id: str) -> str:
+        return f"{self.namespace}:replies:{gateway_id}"
+
+    def result(self, request_id: str) -> str:
+        return f"{self.namespace}:result:{request_id}"
+
+    def cache(self, model: str, version: str, digest: str) -> str:
+        return f"{self.namespace}:cache:{model}:{version}:{digest}"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.namespace}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.namespace}:worker:{worker_id}"
+
+    @property
+    def models(self) -> str:
+        return f"{self.namespace}:models"
+
+    def job(self, job_id: str) -> str:
+        return f"{self.namespace}:job:{job_id}"
+
+    def idempotency(self, key: str) -> str:
+        return f"{self.namespace}:idempotency:{key}"
+
+    def dlq(self, model: str) -> str:
+        return f"{self.namespace}:dlq:{model}"

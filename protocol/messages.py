@@ -1,0 +1,221 @@
+"""Request and result messages, each with exactly one encoder and one decoder.
+
+A message is a msgpack array whose first element is the protocol version; fields follow in the
+order of the dataclass. Positional arrays keep messages small and make the dataclass the only
+place a field is named. Stream entries carry the encoded message in the single field ``m``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, cast
+
+import msgpack
+
+from protocol import PROTOCOL_VERSION
+from protocol.errors import ProtocolError, VersionMismatch
+from protocol.tensor import Tensor
+
+FIELD = b"m"
+"""The one field of every stream entry inferq writes."""
+
+
+class Kind(StrEnum):
+    INFER = "infer"
+    """Submit-and-wait: the caller waits on its reply stream."""
+    JOB = "job"
+    """Fire-and-forget: the caller polls the job record."""
+
+
+class Status(StrEnum):
+    OK = "ok"
+    EXPIRED = "expired"
+    """The deadline passed before a worker ran the request; the model never saw it."""
+    INVALID = "invalid"
+    """The model rejected the input (a client error the gateway could not see)."""
+    FAILED = "failed"
+    """The model or the worker failed."""
+
+
+def _pack(fields: list[Any]) -> bytes:
+    return cast(bytes, msgpack.packb([PROTOCOL_VERSION, *fields], use_bin_type=True))
+
+
+def _unpack(raw: bytes, what: str, n_fields: int) -> list[Any]:
+    try:
+        items = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises a zoo of types on garbage
+        raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
+    if not isinstance(items, list) or not items:
+        raise ProtocolError(f"{what} is not a msgpack array")
+    if items[0] != PROTOCOL_VERSION:
+        raise VersionMismatch(items[0], PROTOCOL_VERSION)
+    if len(items) != n_fields + 1:
+        raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {n_fields}")
+    return items[1:]
+
+
+def _typed(value: Any, types: type | tuple[type, ...], what: str, name: str) -> Any:
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in _as_tuple(types)):
+        raise ProtocolError(f"{what}: field '{name}' has the wrong type ({type(value).__name__})")
+    return value
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _tensors(value: Any, what: str, name: str) -> list[Tensor]:
+    return [Tensor.from_wire(t) for t in _typed(value, list, what, name)]
+
+
+def _names(value: Any, what: str, name: str) -> list[str] | None:
+    if value is None:
+        return None
+    items = _typed(value, list, what, name)
+    if not all(isinstance(n, str) for n in items):
+        raise ProtocolError(f"{what}: field '{name}' must be a list of strings")
+    return list(items)
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """One inference request as queued on a model's stream."""
+
+    id: str
+    """Unique request id chosen by the gateway (128 random bits, hex)."""
+    model: str
+    version: str
+    inputs: list[Tensor]
+    outputs: list[str] | None
+    """Requested output names; None means all of the model's outputs."""
+    deadline_ms: int
+    """Absolute deadline on the Redis server's clock (see ``protocol.deadline``)."""
+    enqueued_ms: int
+    """When the gateway queued it, on the Redis server's clock."""
+    result_key: str
+    """Where the worker writes the result (``SET NX``): a cache key or a per-request key."""
+    result_ttl_ms: int
+    reply_to: str | None = None
+    """The gateway's reply stream; None for async jobs, which are polled."""
+    kind: Kind = Kind.INFER
+    priority: int = 0
+    client_id: str | None = None
+    """The ``id`` the client sent, echoed in the response."""
+    traceparent: str | None = None
+    """W3C trace context, so logs on both sides join up."""
+
+    def encode(self) -> bytes:
+        return _pack(
+            [
+                self.id,
+                self.model,
+                self.version,
+                [t.wire() for t in self.inputs],
+                self.outputs,
+                self.deadline_ms,
+                self.enqueued_ms,
+                self.result_key,
+                self.result_ttl_ms,
+                self.reply_to,
+                self.kind.value,
+                self.priority,
+                self.client_id,
+                self.traceparent,
+            ]
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> InferRequest:
+        what = "inference request"
+        f = _unpack(raw, what, 14)
+        try:
+            kind = Kind(f[10])
+        except ValueError as e:
+            raise ProtocolError(f"{what}: unknown kind {f[10]!r}") from e
+        return cls(
+            id=_typed(f[0], str, what, "id"),
+            model=_typed(f[1], str, what, "model"),
+            version=_typed(f[2], str, what, "version"),
+            inputs=_tensors(f[3], what, "inputs"),
+            outputs=_names(f[4], what, "outputs"),
+            deadline_ms=_typed(f[5], int, what, "deadline_ms"),
+            enqueued_ms=_typed(f[6], int, what, "enqueued_ms"),
+            result_key=_typed(f[7], str, what, "result_key"),
+            result_ttl_ms=_typed(f[8], int, what, "result_ttl_ms"),
+            reply_to=_typed(f[9], (str, type(None)), what, "reply_to"),
+            kind=kind,
+            priority=_typed(f[11], int, what, "priority"),
+            client_id=_typed(f[12], (str, type(None)), what, "client_id"),
+            traceparent=_typed(f[13], (str, type(None)), what, "traceparent"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Timings:
+    """Where a request's time went on the worker, in milliseconds."""
+
+    queued_ms: float = 0.0
+    """Enqueue (gateway) to dequeue (worker)."""
+    batch_wait_ms: float = 0.0
+    """Dequeue to the start of the model call."""
+    infer_ms: float = 0.0
+    """The model call for the whole batch."""
+    batch_size: int = 0
+    """Requests in the batch this one ran in."""
+
+
+@dataclass(frozen=True, slots=True)
+class InferResult:
+    """The outcome of one request, written to its result key and its caller's reply stream."""
+
+    id: str
+    status: Status
+    model: str
+    version: str
+    outputs: list[Tensor] = field(default_factory=list)
+    error: str | None = None
+    worker: str = ""
+    timings: Timings = field(default_factory=Timings)
+
+    def encode(self) -> bytes:
+        t = self.timings
+        return _pack(
+            [
+                self.id,
+                self.status.value,
+                self.model,
+                self.version,
+                [o.wire() for o in self.outputs],
+                self.error,
+                self.worker,
+                [t.queued_ms, t.batch_wait_ms, t.infer_ms, t.batch_size],
+            ]
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> InferResult:
+        what = "inference result"
+        f = _unpack(raw, what, 8)
+        try:
+            status = Status(f[1])
+        except ValueError as e:
+            raise ProtocolError(f"{what}: unknown status {f[1]!r}") from e
+        timings = _typed(f[7], list, what, "timings")
+        if len(timings) != 4 or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) for x in timings
+        ):
+            raise ProtocolError(f"{what}: timings must be four numbers")
+        return cls(
+            id=_typed(f[0], str, what, "id"),
+            status=status,
+            model=_typed(f[2], str, what, "model"),
+            version=_typed(f[3], str, what, "version"),
+            outputs=_tensors(f[4], what, "outputs"),
+            error=_typed(f[5], (str, type(None)), what, "error"),
+            worker=_typed(f[6], str, what, "worker"),
+            timings=Timings(
+                float(timings[0]), float(timings[1]), float(timings[2]), int(timings[3])
+            ),
+        )

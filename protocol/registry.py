@@ -1,0 +1,146 @@
+"""What a worker advertises about itself and the models it serves.
+
+Workers publish a ``WorkerInfo`` under ``Keys.worker(id)`` with a TTL and refresh it with every
+heartbeat; the gateway reads the live ones to learn which models exist, their metadata, and how
+many consumers serve each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, cast
+
+import msgpack
+
+from protocol import PROTOCOL_VERSION
+from protocol.errors import ProtocolError, VersionMismatch
+from protocol.tensor import DATATYPES
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A declared model input or output. ``-1`` marks a variable dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def wire(self) -> list[Any]:
+        return [self.name, self.datatype, list(self.shape)]
+
+    @classmethod
+    def from_wire(cls, item: Any) -> TensorSpec:
+        if not (isinstance(item, list) and len(item) == 3):
+            raise ProtocolError("tensor spec is not a [name, datatype, shape] list")
+        name, datatype, shape = item
+        if not isinstance(name, str) or datatype not in DATATYPES:
+            raise ProtocolError(f"tensor spec {name!r} has an invalid name or datatype")
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            raise ProtocolError(f"tensor spec {name!r}: shape must be a list of integers")
+        return cls(name, datatype, tuple(shape))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelMetadata:
+    """A model as the gateway needs to know it to validate, route and describe requests."""
+
+    name: str
+    versions: tuple[str, ...]
+    """Versions loaded, oldest first."""
+    default_version: str
+    """The version a request without ``/versions/{v}`` goes to."""
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch: int
+    default_timeout_ms: int
+    cache_enabled: bool
+    cache_ttl_s: int
+
+    def wire(self) -> list[Any]:
+        return [
+            self.name,
+            list(self.versions),
+            self.default_version,
+            self.platform,
+            [s.wire() for s in self.inputs],
+            [s.wire() for s in self.outputs],
+            self.max_batch,
+            self.default_timeout_ms,
+            self.cache_enabled,
+            self.cache_ttl_s,
+        ]
+
+    @classmethod
+    def from_wire(cls, item: Any) -> ModelMetadata:
+        if not (isinstance(item, list) and len(item) == 10):
+            raise ProtocolError("model metadata is not a 10-field list")
+        name, versions, default, platform, inputs, outputs, mb, timeout, cache, ttl = item
+        if not isinstance(name, str) or not isinstance(versions, list):
+            raise ProtocolError("model metadata: invalid name or versions")
+        if not all(isinstance(v, str) for v in versions) or not isinstance(default, str):
+            raise ProtocolError(f"model {name}: versions must be strings")
+        if not isinstance(inputs, list) or not isinstance(outputs, list):
+            raise ProtocolError(f"model {name}: inputs and outputs must be lists")
+        if not all(isinstance(x, int) for x in (mb, timeout, ttl)) or not isinstance(cache, bool):
+            raise ProtocolError(f"model {name}: invalid batching, timeout or cache fields")
+        return cls(
+            name=name,
+            versions=tuple(versions),
+            default_version=default,
+            platform=str(platform),
+            inputs=tuple(TensorSpec.from_wire(s) for s in inputs),
+            outputs=tuple(TensorSpec.from_wire(s) for s in outputs),
+            max_batch=mb,
+            default_timeout_ms=timeout,
+            cache_enabled=cache,
+            cache_ttl_s=ttl,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    started_ms: int
+    models: tuple[ModelMetadata, ...]
+
+    def encode(self) -> bytes:
+        return cast(
+            bytes,
+            msgpack.packb(
+                [
+                    PROTOCOL_VERSION,
+                    self.id,
+                    self.host,
+                    self.pid,
+                    self.started_ms,
+                    [m.wire() for m in self.models],
+                ],
+                use_bin_type=True,
+            ),
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> WorkerInfo:
+        try:
+            items = msgpack.unpackb(raw, raw=False)
+        except Exception as e:
+            raise ProtocolError(f"worker info is not valid msgpack: {e}") from e
+        if not isinstance(items, list) or not items:
+            raise ProtocolError("worker info is not a msgpack array")
+        if items[0] != PROTOCOL_VERSION:
+            raise VersionMismatch(items[0], PROTOCOL_VERSION)
+        if len(items) != 6:
+            raise ProtocolError("worker info has the wrong number of fields")
+        _, wid, host, pid, started, models = items
+        if not isinstance(wid, str) or not isinstance(models, list):
+            raise ProtocolError("worker info: invalid id or models")
+        return cls(
+            id=wid,
+            host=str(host),
+            pid=int(pid),
+            started_ms=int(started),
+            models=tuple(ModelMetadata.from_wire(m) for m in models),
+        )
