@@ -1,0 +1,1 @@
+"""The HTTP gateway: Open Inference Protocol (KServe V2) in front of Redis Streams."""
