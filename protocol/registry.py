@@ -97,6 +97,29 @@ class ModelMetadata:
             cache_ttl_s=ttl,
         )
 
+    def encode(self) -> bytes:
+        """Standalone form, for the ``Keys.models`` hash of last-known metadata."""
+        return cast(bytes, msgpack.packb([PROTOCOL_VERSION, self.wire()], use_bin_type=True))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> ModelMetadata:
+        items = _unpack_versioned(raw, "model metadata")
+        if len(items) != 2:
+            raise ProtocolError("model metadata has the wrong number of fields")
+        return cls.from_wire(items[1])
+
+
+def _unpack_versioned(raw: bytes, what: str) -> list[Any]:
+    try:
+        items = msgpack.unpackb(raw, raw=False)
+    except Exception as e:
+        raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
+    if not isinstance(items, list) or not items:
+        raise ProtocolError(f"{what} is not a msgpack array")
+    if items[0] != PROTOCOL_VERSION:
+        raise VersionMismatch(items[0], PROTOCOL_VERSION)
+    return items
+
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
@@ -124,14 +147,7 @@ class WorkerInfo:
 
     @classmethod
     def decode(cls, raw: bytes) -> WorkerInfo:
-        try:
-            items = msgpack.unpackb(raw, raw=False)
-        except Exception as e:
-            raise ProtocolError(f"worker info is not valid msgpack: {e}") from e
-        if not isinstance(items, list) or not items:
-            raise ProtocolError("worker info is not a msgpack array")
-        if items[0] != PROTOCOL_VERSION:
-            raise VersionMismatch(items[0], PROTOCOL_VERSION)
+        items = _unpack_versioned(raw, "worker info")
         if len(items) != 6:
             raise ProtocolError("worker info has the wrong number of fields")
         _, wid, host, pid, started, models = items

@@ -1,0 +1,1 @@
+"""Workers: consumer-group readers that batch requests, run models and publish results."""

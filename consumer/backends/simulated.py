@@ -1,0 +1,62 @@
+"""A stand-in for an accelerator: batch latency ``base_ms + per_row_ms * rows``.
+
+This backend computes nothing useful. It exists so tests and benchmarks can model a GPU-like cost
+curve (a large fixed cost per call, a small cost per row) on CPU-only machines: it sleeps on its
+worker thread, which costs no CPU, so several simulated workers on a 2-core machine behave like
+several accelerators would. Figures measured with it show what the queueing and batching layers
+do, not what any real model achieves.
+
+Each output row is filled with the sum of the first input's row (as float), so tests can check
+that results are split back to the right requests. ``failure_rate`` makes a call raise.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import numpy as np
+
+from consumer.backends.base import Arrays, BackendError, zeros_like_spec
+from consumer.repository import ModelConfig
+from protocol.tensor import DTYPES
+
+
+class SimulatedBackend:
+    def __init__(self, config: ModelConfig, version: str) -> None:
+        self.config = config
+        self.version = version
+        self.calls = 0
+        self._random = random.Random(config.simulated.seed)
+        self._lock = threading.Lock()
+
+    def load(self) -> None:
+        if self.config.inputs[0].datatype == "BYTES":
+            raise BackendError(f"model '{self.config.name}': simulated models need numeric inputs")
+
+    def latency_s(self, rows: int) -> float:
+        sim = self.config.simulated
+        jitter = self._random.uniform(-sim.jitter_ms, sim.jitter_ms) if sim.jitter_ms else 0.0
+        return max(0.0, sim.base_ms + sim.per_row_ms * rows + jitter) / 1000
+
+    def predict(self, inputs: Arrays) -> Arrays:
+        first = inputs[self.config.inputs[0].name]
+        rows = int(first.shape[0])
+        with self._lock:
+            self.calls += 1
+            fail = self._random.random() < self.config.simulated.failure_rate
+            delay = self.latency_s(rows)
+        time.sleep(delay)
+        if fail:
+            raise BackendError(f"model '{self.config.name}': simulated failure")
+        sums = first.reshape(rows, -1).astype(np.float64).sum(axis=1)
+        out: Arrays = {}
+        for spec in self.config.outputs:
+            arr = zeros_like_spec(spec.shape, rows, DTYPES.get(spec.datatype, np.dtype("<f4")))
+            arr[...] = sums.reshape((rows,) + (1,) * (arr.ndim - 1)).astype(arr.dtype)
+            out[spec.name] = arr
+        return out
+
+    def unload(self) -> None:
+        pass

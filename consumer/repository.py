@@ -1,0 +1,230 @@
+"""The model repository: ``{repo}/{model}/config.toml`` plus ``{repo}/{model}/{version}/``.
+
+The layout Triton users know. A config names the backend, the inputs and outputs, batching,
+timeout and cache settings, and the version policy. Invalid configs are rejected at load time with
+an error naming the file and the field. Models load only from inside the repository: names and
+versions are checked, and every resolved path must stay under the repository root, so ``..``,
+absolute paths and symlinks that point out of it are refused.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from protocol.keys import is_valid_name
+from protocol.registry import ModelMetadata, TensorSpec
+from protocol.tensor import DATATYPES
+
+CONFIG_FILE = "config.toml"
+BACKENDS = {"onnx": "model.onnx", "simulated": None}
+"""Backend name -> the file each version folder must hold (None: no file needed)."""
+
+
+class RepositoryError(Exception):
+    """A model that cannot be loaded from the repository, with where and why."""
+
+
+@dataclass(frozen=True)
+class SimulatedLatency:
+    """Batch latency ``base_ms + per_row_ms * rows``, with jitter and a failure rate."""
+
+    base_ms: float = 5.0
+    per_row_ms: float = 0.05
+    jitter_ms: float = 0.0
+    failure_rate: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    root: Path
+    backend: str
+    platform: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    versions: tuple[str, ...]
+    """Versions to load, in serving order (the last one is the default)."""
+    max_batch: int = 32
+    flush_ms: float = 2.0
+    default_timeout_ms: int = 10_000
+    cache_enabled: bool = True
+    cache_ttl_s: int = 300
+    intra_op_threads: int = 1
+    simulated: SimulatedLatency = field(default_factory=SimulatedLatency)
+
+    def version_path(self, version: str) -> Path:
+        return self.root / version
+
+    def model_file(self, version: str) -> Path | None:
+        filename = BACKENDS[self.backend]
+        return None if filename is None else self.version_path(version) / filename
+
+    def metadata(self, *, max_batch: int | None = None) -> ModelMetadata:
+        return ModelMetadata(
+            name=self.name,
+            versions=self.versions,
+            default_version=self.versions[-1],
+            platform=self.platform,
+            inputs=self.inputs,
+            outputs=self.outputs,
+            max_batch=max_batch or self.max_batch,
+            default_timeout_ms=self.default_timeout_ms,
+            cache_enabled=self.cache_enabled,
+            cache_ttl_s=self.cache_ttl_s,
+        )
+
+
+class _Fields:
+    """Typed access to one config table; every error names the file and the field."""
+
+    def __init__(self, path: Path, table: dict[str, Any], prefix: str = "") -> None:
+        self.path, self.table, self.prefix = path, table, prefix
+
+    def fail(self, key: str, why: str) -> RepositoryError:
+        return RepositoryError(f"{self.path}: field '{self.prefix}{key}' {why}")
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+        if key not in self.table:
+            if default is ...:
+                raise self.fail(key, "is required")
+            return default
+        value = self.table[key]
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+            names = " or ".join(k.__name__ for k in kinds)
+            raise self.fail(key, f"must be {names}, got {value!r}")
+        return value
+
+    def positive(self, key: str, kind: type, default: Any) -> Any:
+        value = self.get(key, (int, float) if kind is float else kind, default)
+        if value <= 0:
+            raise self.fail(key, f"must be positive, got {value!r}")
+        return kind(value)
+
+    def sub(self, key: str) -> _Fields:
+        return _Fields(self.path, self.get(key, dict, {}), f"{self.prefix}{key}.")
+
+
+def _specs(f: _Fields, key: str) -> tuple[TensorSpec, ...]:
+    items = f.get(key, list)
+    if not items:
+        raise f.fail(key, "must list at least one tensor")
+    specs = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise f.fail(f"{key}[{i}]", "must be a table with name, datatype and shape")
+        t = _Fields(f.path, item, f"{f.prefix}{key}[{i}].")
+        datatype = t.get("datatype", str)
+        if datatype not in DATATYPES:
+            raise t.fail("datatype", f"must be one of {', '.join(sorted(DATATYPES))}")
+        shape = t.get("shape", list)
+        if not shape or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
+            raise t.fail("shape", "must be a list of positive integers or -1")
+        if shape[0] != -1:
+            raise t.fail("shape", "must start with the batch dimension -1")
+        specs.append(TensorSpec(t.get("name", str), datatype, tuple(shape)))
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise f.fail(key, "has duplicate names")
+    return tuple(specs)
+
+
+def _inside(root: Path, path: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def _versions(f: _Fields, model_dir: Path, repo: Path) -> tuple[str, ...]:
+    available = sorted(
+        (p.name for p in model_dir.iterdir() if p.is_dir() and is_valid_name(p.name)),
+        key=lambda v: (0, int(v), v) if v.isdigit() else (1, 0, v),
+    )
+    policy = f.sub("version_policy")
+    if "specific" in policy.table:
+        wanted = policy.get("specific", list)
+        if not wanted or not all(isinstance(v, str | int) for v in wanted):
+            raise policy.fail("specific", "must be a non-empty list of versions")
+        versions = [str(v) for v in wanted]
+        missing = [v for v in versions if v not in available]
+        if missing:
+            raise policy.fail("specific", f"names versions with no folder: {', '.join(missing)}")
+    else:
+        latest = policy.positive("latest", int, 1)
+        versions = available[-latest:]
+    if not versions:
+        raise RepositoryError(f"{model_dir}: no version folders (expected e.g. {model_dir}/1/)")
+    for v in versions:
+        if not _inside(repo, model_dir / v):
+            raise RepositoryError(f"{model_dir / v}: version folder points outside the repository")
+    return tuple(versions)
+
+
+def load_config(repo: Path, name: str) -> ModelConfig:
+    """Read and validate one model's config from the repository."""
+    if not is_valid_name(name):
+        raise RepositoryError(f"invalid model name {name!r}: use letters, digits, '_', '-', '.'")
+    model_dir = repo / name
+    if not _inside(repo, model_dir):
+        raise RepositoryError(f"{model_dir}: model folder points outside the repository")
+    path = model_dir / CONFIG_FILE
+    if not path.is_file():
+        raise RepositoryError(f"model '{name}' not found: no {path}")
+    try:
+        with path.open("rb") as fh:
+            table = tomllib.load(fh)
+    except tomllib.TOMLDecodeError as e:
+        raise RepositoryError(f"{path}: not valid TOML: {e}") from e
+    f = _Fields(path, table)
+    backend = f.get("backend", str)
+    if backend not in BACKENDS:
+        raise f.fail("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    cache = f.sub("cache")
+    sim = f.sub("simulated")
+    config = ModelConfig(
+        name=name,
+        root=model_dir,
+        backend=backend,
+        platform=f.get("platform", str, "onnxruntime_onnx" if backend == "onnx" else backend),
+        inputs=_specs(f, "inputs"),
+        outputs=_specs(f, "outputs"),
+        versions=_versions(f, model_dir, repo),
+        max_batch=f.positive("max_batch", int, 32),
+        flush_ms=float(f.get("flush_ms", (int, float), 2.0)),
+        default_timeout_ms=f.positive("default_timeout_ms", int, 10_000),
+        cache_enabled=cache.get("enabled", bool, True),
+        cache_ttl_s=cache.positive("ttl_s", int, 300),
+        intra_op_threads=int(f.get("intra_op_threads", int, 1)),
+        simulated=SimulatedLatency(
+            base_ms=float(sim.get("base_ms", (int, float), 5.0)),
+            per_row_ms=float(sim.get("per_row_ms", (int, float), 0.05)),
+            jitter_ms=float(sim.get("jitter_ms", (int, float), 0.0)),
+            failure_rate=float(sim.get("failure_rate", (int, float), 0.0)),
+            seed=int(sim.get("seed", int, 0)),
+        ),
+    )
+    if config.flush_ms < 0:
+        raise f.fail("flush_ms", "must not be negative")
+    for v in config.versions:
+        file = config.model_file(v)
+        if file is not None:
+            if not file.is_file():
+                raise RepositoryError(f"model '{name}' version {v}: missing {file}")
+            if not _inside(repo, file):
+                raise RepositoryError(f"{file}: model file points outside the repository")
+    return config
+
+
+def list_models(repo: Path) -> list[str]:
+    """Every model folder in the repository that has a config file."""
+    if not repo.is_dir():
+        raise RepositoryError(f"model repository {repo} is not a directory")
+    return sorted(
+        p.name for p in repo.iterdir() if is_valid_name(p.name) and (p / CONFIG_FILE).is_file()
+    )

@@ -1,0 +1,506 @@
+"""The worker process: reads a consumer group, forms batches, runs models, publishes results.
+
+Tasks, all owned here and started in ``start`` and cancelled in ``stop``:
+- the reader: one ``XREADGROUP`` over every stream of every served model (high lane first);
+- one dispatcher per model: asks the batch policy when to run, runs the batch on the model's
+  own thread so the event loop keeps reading, and hands results to the writer;
+- the writer: pipelines result writes, reply notifications and XACKs (``writer.py``);
+- the advertiser: heartbeat and model metadata (``advertiser.py``).
+
+Reads are aimed at batching: the reader asks each model's streams for just enough entries to fill
+its next batch, keeps reading while the model runs (the next batch forms meanwhile), stops
+reading a model whose next batch is full, and wakes from a blocking read with ``CLIENT UNBLOCK``
+when a model that was full wants more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from consumer.advertiser import Advertiser
+from consumer.batcher import BatchPolicy, BatchQueue, Queued
+from consumer.model import ServedModel, batch_group, rows_of
+from consumer.repository import list_models, load_config
+from consumer.settings import WorkerSettings
+from consumer.writer import Outgoing, ResultWriter
+from inferq.connections import RedisClock, blocking_client, command_client, redact
+from protocol import ProtocolError
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys
+from protocol.messages import FIELD, InferRequest, InferResult, Status, Timings
+from protocol.registry import WorkerInfo
+
+log = structlog.get_logger("inferq.worker")
+
+_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A request read from a stream, not yet answered."""
+
+    stream: str
+    entry_id: bytes
+    request: InferRequest
+    read_ms: int
+    """When it was read, on the Redis clock."""
+    read_at: float
+    """When it was read, monotonic."""
+
+
+@dataclass
+class WorkerStats:
+    """Counters for tests, logs and (later) metrics; recent batch sizes are kept bounded."""
+
+    batches: int = 0
+    requests: int = 0
+    expired: int = 0
+    failed: int = 0
+    dead_lettered: int = 0
+    batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
+    executed: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
+    """Ids of recently executed requests, newest last."""
+
+
+class ModelSlot:
+    """A served model with its queue, policy and the reader's knowledge of its streams."""
+
+    def __init__(self, model: ServedModel, keys: Keys) -> None:
+        self.model = model
+        self.streams = keys.streams(model.name)
+        self.lane_of = {s: i for i, s in enumerate(self.streams)}
+        self.queue: BatchQueue[Delivery] = BatchQueue(lanes=len(LANES_BY_PRIORITY))
+        self.policy = BatchPolicy(model.max_batch, model.flush_s)
+        self.read_ids = dict.fromkeys(self.streams, "0")
+        """'0' first: drain entries this consumer already holds from an earlier life."""
+        self.drained = False
+        self.busy = False
+        self.changed = asyncio.Event()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{model.name}")
+        self.service_s = 0.0
+        """Moving average of recent model-call durations."""
+        self.idle = asyncio.Event()
+        """Set while nothing is queued or running: what a drain waits for."""
+        self.idle.set()
+
+    def wanted_count(self) -> int:
+        """Entries to ask for per stream: enough to fill the next batch."""
+        return max(0, self.model.max_batch - self.queue.rows)
+
+    def needs_prompt_read(self) -> bool:
+        """Idle with a partial batch and more possibly queued: read without blocking."""
+        return not self.busy and len(self.queue) > 0 and not self.drained
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.settings = settings
+        self.id = settings.worker_id
+        self.keys = Keys(settings.namespace)
+        self.stats = WorkerStats()
+        self.clock = RedisClock()
+        self.slots: dict[str, ModelSlot] = {}
+        self.started = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._reader_wake = asyncio.Event()
+        self._blocking_on: frozenset[str] | None = None
+        self._draining = False
+        self._reader_client_id: int | None = None
+        self._redis: aioredis.Redis | None = None
+        self._reader: aioredis.Redis | None = None
+        self._writer: ResultWriter | None = None
+        self._advertiser: Advertiser | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Start, serve until ``request_stop`` (or a signal handled by the caller), stop."""
+        await self.start()
+        try:
+            await self._stopping.wait()
+        finally:
+            await self.stop()
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def start(self) -> None:
+        s = self.settings
+        names = list(s.models) or list_models(s.model_repository)
+        if not names:
+            raise RuntimeError(f"no models to serve in {s.model_repository}")
+        models = [
+            ServedModel(
+                load_config(s.model_repository, n),
+                device=s.device,
+                max_batch=s.max_batch,
+                flush_ms=s.flush_ms,
+            )
+            for n in names
+        ]
+        for m in models:
+            await asyncio.to_thread(m.load)
+            self.slots[m.name] = ModelSlot(m, self.keys)
+        self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
+        self._reader = blocking_client(
+            s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
+        )
+        await self.clock.sync(self._redis)
+        await self._ensure_groups()
+        info = WorkerInfo(
+            id=self.id,
+            host=self.id.rsplit("-", 2)[0],
+            pid=os.getpid(),
+            started_ms=self.clock.now_ms(),
+            models=tuple(m.metadata() for m in models),
+        )
+        self._writer = ResultWriter(self._redis)
+        self._advertiser = Advertiser(
+            self._redis,
+            self.keys,
+            info,
+            self.clock,
+            interval_s=s.heartbeat_s,
+            ttl_s=s.worker_ttl_s,
+        )
+        self._spawn(self._writer.run(), "writer")
+        self._spawn(self._read_loop(), "reader")
+        for slot in self.slots.values():
+            self._spawn(self._dispatch_loop(slot), f"dispatch-{slot.model.name}")
+        await self._advertiser.publish()
+        self._spawn(self._advertiser.run(), "heartbeat")
+        log.info(
+            "worker started",
+            worker=self.id,
+            models=names,
+            redis=redact(s.redis.url),
+            max_batch={n: sl.model.max_batch for n, sl in self.slots.items()},
+        )
+        self.started.set()
+
+    async def stop(self) -> None:
+        """Stop reading, finish queued and running batches (up to the drain timeout), publish
+        their results, withdraw, close."""
+        log.info("worker stopping", worker=self.id)
+        reader = [t for t in self._tasks if t.get_name() == "reader"]
+        await _cancel(reader)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._drain(), self.settings.drain_timeout_s)
+        await _cancel(list(self._tasks))
+        if self._redis is not None:
+            with contextlib.suppress(*_CONNECTION_ERRORS):
+                if self._advertiser is not None:
+                    await self._advertiser.withdraw()
+            await self._redis.aclose()
+        if self._reader is not None:
+            await self._reader.aclose()
+        for slot in self.slots.values():
+            slot.executor.shutdown(wait=True)
+            slot.model.unload()
+        log.info(
+            "worker stopped",
+            worker=self.id,
+            batches=self.stats.batches,
+            requests=self.stats.requests,
+        )
+
+    async def _drain(self) -> None:
+        self._draining = True
+        for slot in self.slots.values():
+            slot.changed.set()
+        await asyncio.gather(*(slot.idle.wait() for slot in self.slots.values()))
+        if self._writer is not None:
+            await self._writer.wait_idle()
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("worker task crashed", task=task.get_name(), exc_info=task.exception())
+            self.request_stop()
+
+    async def _ensure_groups(self) -> None:
+        assert self._redis is not None
+        for slot in self.slots.values():
+            for stream in slot.streams:
+                try:
+                    # From id 0: requests queued before any worker existed are served too.
+                    await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+                except ResponseError as e:
+                    if "BUSYGROUP" not in str(e):
+                        raise
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _wanted(self) -> tuple[dict[str, str], int, bool]:
+        """Streams to read (with ids), entries per stream, and whether to block."""
+        streams: dict[str, str] = {}
+        count = 0
+        prompt = False
+        for slot in self.slots.values():
+            n = slot.wanted_count()
+            if n == 0:
+                slot.drained = False  # not read: what is queued in Redis is unknown
+                continue
+            streams.update(slot.read_ids)
+            count = max(count, n)
+            prompt = prompt or slot.needs_prompt_read() or "0" in slot.read_ids.values()
+        return streams, count, not prompt
+
+    def _wake_reader(self) -> None:
+        """A model's wants changed: make sure the reader is not blocked on the old ones."""
+        self._reader_wake.set()
+        if self._blocking_on is None or self._reader_client_id is None:
+            return
+        streams, _, _ = self._wanted()
+        if not set(streams) <= self._blocking_on:
+            self._blocking_on = None
+            self._spawn(self._unblock_reader(self._reader_client_id), "unblock")
+
+    async def _unblock_reader(self, client_id: int) -> None:
+        assert self._redis is not None
+        with contextlib.suppress(*_CONNECTION_ERRORS, ResponseError):
+            await self._redis.execute_command("CLIENT", "UNBLOCK", client_id)
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        backoff = 0.05
+        while True:
+            streams, count, block = self._wanted()
+            if not streams:
+                self._reader_wake.clear()
+                await self._reader_wake.wait()
+                continue
+            try:
+                if self._reader_client_id is None:
+                    self._reader_client_id = int(await self._reader.client_id())
+                if block:
+                    self._blocking_on = frozenset(streams)
+                    for slot in self.slots.values():
+                        if slot.streams[0] in streams:
+                            slot.drained = True
+                reply = await self._reader.xreadgroup(
+                    GROUP,
+                    self.id,
+                    streams,
+                    count=count,
+                    block=self.settings.block_ms if block else None,
+                )
+                backoff = 0.05
+            except ResponseError as e:
+                if "NOGROUP" not in str(e):
+                    raise
+                log.warning("consumer group missing (Redis restarted empty?), recreating")
+                await self._ensure_groups()
+                continue
+            except _CONNECTION_ERRORS as e:
+                log.warning("read failed, retrying", error=str(e), backoff_s=backoff)
+                self._reader_client_id = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            finally:
+                self._blocking_on = None
+            self._deliver(reply or [], streams, count)
+
+    def _deliver(self, reply: list[Any], asked: dict[str, str], count: int) -> None:
+        now = time.monotonic()
+        now_ms = self.clock.now_ms()
+        got: dict[str, int] = {}
+        dead: list[Outgoing] = []
+        touched: set[str] = set()
+        for raw_stream, entries in reply:
+            stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
+            got[stream] = len(entries)
+            parsed = self.keys.parse_stream(stream)
+            slot = self.slots.get(parsed[0]) if parsed else None
+            if slot is None:
+                continue
+            touched.add(slot.model.name)
+            for entry_id, fields in entries:
+                if fields is None:
+                    continue  # deleted while pending (reported by a '0' read)
+                payload = fields.get(FIELD)
+                try:
+                    if payload is None:
+                        raise ProtocolError(f"stream entry has no '{FIELD.decode()}' field")
+                    request = InferRequest.decode(payload)
+                except ProtocolError as e:
+                    log.error(
+                        "undecodable request moved to dead letters",
+                        stream=stream,
+                        entry=entry_id,
+                        error=str(e),
+                    )
+                    self.stats.dead_lettered += 1
+                    dead.append(
+                        Outgoing(
+                            stream,
+                            entry_id,
+                            payload,
+                            dead_letter=self.keys.dlq(slot.model.name),
+                            reason=str(e),
+                        )
+                    )
+                    continue
+                delivery = Delivery(stream, entry_id, request, now_ms, now)
+                slot.queue.push(
+                    Queued(
+                        delivery,
+                        lane=slot.lane_of[stream],
+                        rows=rows_of(request),
+                        group=batch_group(request),
+                        arrived=now,
+                        deadline=now + (request.deadline_ms - now_ms) / 1000,
+                    )
+                )
+        for slot in self.slots.values():
+            if slot.streams[0] not in asked:
+                continue
+            for stream in slot.streams:
+                if asked[stream] == "0" and got.get(stream, 0) < count:
+                    slot.read_ids[stream] = ">"  # own backlog drained; now new entries
+            slot.drained = all(got.get(s, 0) < count for s in slot.streams)
+            if slot.model.name in touched or slot.drained:
+                slot.changed.set()
+        if dead and self._writer is not None:
+            self._writer.put(dead)
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def _dispatch_loop(self, slot: ModelSlot) -> None:
+        while True:
+            now = time.monotonic()
+            expired = slot.queue.drop_expired(now)
+            if expired:
+                self._answer_expired(slot, [q.item for q in expired])
+                self._wake_reader()
+            wait = slot.policy.wait_s(
+                slot.queue, now, drained=slot.drained, service_s=slot.service_s
+            )
+            if wait != 0.0:
+                slot.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(slot.changed.wait(), wait)
+                continue
+            batch = [q.item for q in slot.queue.take(slot.model.max_batch)]
+            slot.busy = True
+            self._wake_reader()
+            try:
+                await self._run_batch(slot, batch)
+            finally:
+                slot.busy = False
+                self._wake_reader()
+
+    async def _run_batch(self, slot: ModelSlot, batch: list[Delivery]) -> None:
+        loop = asyncio.get_running_loop()
+        started = time.monotonic()
+        outcome = await loop.run_in_executor(
+            slot.executor, slot.model.run, [d.request for d in batch], self.id
+        )
+        slot.service_s = (
+            0.8 * slot.service_s + 0.2 * outcome.infer_s if slot.service_s else (outcome.infer_s)
+        )
+        self.stats.batches += 1
+        self.stats.requests += len(batch)
+        self.stats.batch_sizes.append(len(batch))
+        out = []
+        for d, result in zip(batch, outcome.results, strict=True):
+            if result.status is Status.OK:
+                self.stats.executed.append(d.request.id)
+            else:
+                self.stats.failed += 1
+                log.warning(
+                    "request failed",
+                    request_id=d.request.id,
+                    model=result.model,
+                    version=result.version,
+                    error=result.error,
+                    traceparent=d.request.traceparent,
+                )
+            timed = _with_timings(result, d, started, batch_size=len(batch))
+            out.append(_outgoing(d, timed))
+        assert self._writer is not None
+        self._writer.put(out)
+
+    def _answer_expired(self, slot: ModelSlot, deliveries: list[Delivery]) -> None:
+        self.stats.expired += len(deliveries)
+        out = []
+        for d in deliveries:
+            r = d.request
+            log.info(
+                "request expired before it ran",
+                request_id=r.id,
+                model=r.model,
+                version=r.version,
+                traceparent=r.traceparent,
+            )
+            result = InferResult(
+                r.id,
+                Status.EXPIRED,
+                r.model,
+                r.version,
+                worker=self.id,
+                error=f"deadline passed after {max(0, d.read_ms - r.enqueued_ms)} ms in the queue "
+                "before a worker could run the request",
+            )
+            out.append(_outgoing(d, result, store=False))
+        assert self._writer is not None
+        self._writer.put(out)
+
+
+def _outgoing(d: Delivery, result: InferResult, *, store: bool = True) -> Outgoing:
+    r = d.request
+    return Outgoing(
+        d.stream,
+        d.entry_id,
+        result.encode(),
+        # Only successes are stored: the result key doubles as the cache entry.
+        result_key=r.result_key if store and result.status is Status.OK else None,
+        ttl_ms=r.result_ttl_ms,
+        reply_to=r.reply_to,
+    )
+
+
+def _with_timings(
+    result: InferResult, d: Delivery, started: float, *, batch_size: int
+) -> InferResult:
+    timings = Timings(
+        queued_ms=max(0.0, float(d.read_ms - d.request.enqueued_ms)),
+        batch_wait_ms=max(0.0, (started - d.read_at) * 1000),
+        infer_ms=result.timings.infer_ms,
+        batch_size=batch_size,
+    )
+    return InferResult(
+        result.id,
+        result.status,
+        result.model,
+        result.version,
+        result.outputs,
+        result.error,
+        result.worker,
+        timings,
+    )
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

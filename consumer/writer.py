@@ -1,0 +1,108 @@
+"""Publishes results: one pipeline per flush for every finished request.
+
+For each request: ``SET result_key payload PX ttl NX`` (the key serves the cache and idempotent
+redelivery, and is written only if absent), ``XADD reply_to NOMKSTREAM`` to wake the waiting
+gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), then one
+``XACK`` per stream for all ids. The ack comes after the writes in the same pipeline, so an entry
+is acknowledged only once its result is stored. Flushes coalesce: results finished while one
+pipeline is in flight go out together in the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from protocol.keys import GROUP
+from protocol.messages import FIELD
+
+log = structlog.get_logger("inferq.worker")
+
+DLQ_MAXLEN = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One finished stream entry: what to store and whom to wake before acknowledging it."""
+
+    stream: str
+    entry_id: bytes
+    payload: bytes | None
+    result_key: str | None = None
+    ttl_ms: int = 0
+    reply_to: str | None = None
+    dead_letter: str | None = None
+    """A dead-letter stream to move the raw entry to instead (undecodable entries)."""
+    reason: str = ""
+
+
+class ResultWriter:
+    def __init__(self, redis: aioredis.Redis, *, max_backoff_s: float = 5.0) -> None:
+        self._redis = redis
+        self._queue: list[Outgoing] = []
+        self._ready = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._max_backoff_s = max_backoff_s
+        self.flushes = 0
+
+    def put(self, items: list[Outgoing]) -> None:
+        if items:
+            self._queue.extend(items)
+            self._idle.clear()
+            self._ready.set()
+
+    async def wait_idle(self) -> None:
+        """Until everything put so far is written and acknowledged."""
+        await self._idle.wait()
+
+    async def run(self) -> None:
+        backoff = 0.05
+        while True:
+            await self._ready.wait()
+            batch, self._queue = self._queue, []
+            self._ready.clear()
+            while True:
+                try:
+                    await self._write(batch)
+                    backoff = 0.05
+                    break
+                except (RedisConnectionError, RedisTimeoutError, OSError) as e:
+                    log.warning("results not written, retrying", error=str(e), backoff_s=backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, self._max_backoff_s)
+            if not self._queue:
+                self._idle.set()
+
+    async def _write(self, batch: list[Outgoing]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        acks: dict[str, list[bytes]] = {}
+        for out in batch:
+            if out.dead_letter is not None:
+                pipe.xadd(
+                    out.dead_letter,
+                    {
+                        b"stream": out.stream,
+                        b"id": out.entry_id,
+                        b"reason": out.reason,
+                        FIELD: out.payload or b"",
+                    },
+                    maxlen=DLQ_MAXLEN,
+                    approximate=True,
+                )
+            else:
+                assert out.payload is not None
+                if out.result_key:
+                    pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
+                if out.reply_to:
+                    pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
+            acks.setdefault(out.stream, []).append(out.entry_id)
+        for stream, ids in acks.items():
+            pipe.xack(stream, GROUP, *ids)
+        await pipe.execute(raise_on_error=False)
+        self.flushes += 1

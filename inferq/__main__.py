@@ -1,0 +1,5 @@
+import sys
+
+from inferq.cli import main
+
+sys.exit(main())

@@ -1,0 +1,321 @@
+"""The ``inferq`` command line: ``up``, ``gateway``, ``worker``.
+
+Every flag can also be set with an ``INFERQ_*`` environment variable (the flag's name in capitals,
+dashes as underscores: ``--redis`` is ``INFERQ_REDIS_URL``, ``--max-batch`` is
+``INFERQ_MAX_BATCH``); a flag on the command line wins. This is the only module that reads the
+environment; it builds one settings object per process and passes it down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import inferq
+from inferq.connections import RedisSettings
+
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+class _Env:
+    """Adds flags whose defaults come from ``INFERQ_*`` variables, and says so in the help."""
+
+    def __init__(self, parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+        self.parser = parser
+        self.environ = environ
+
+    def add(
+        self,
+        flag: str,
+        *,
+        env: str,
+        type: Callable[[str], Any] = str,
+        default: Any = None,
+        help: str,
+        **kwargs: Any,
+    ) -> None:
+        raw = self.environ.get(env)
+        value = default
+        if raw is not None:
+            try:
+                value = type(raw)
+            except (TypeError, ValueError):
+                self.parser.error(f"environment variable {env}={raw!r} is not a valid {flag}")
+        shown = "" if default is None else f" (default: {default})"
+        self.parser.add_argument(
+            flag, type=type, default=value, help=f"{help}{shown} [env {env}]", **kwargs
+        )
+
+
+def _positive_int(raw: str) -> int:
+    value = int(raw)
+    if value <= 0:
+        raise ValueError(raw)
+    return value
+
+
+def _non_negative_float(raw: str) -> float:
+    value = float(raw)
+    if value < 0:
+        raise ValueError(raw)
+    return value
+
+
+def _redis_flags(e: _Env) -> None:
+    e.add(
+        "--redis",
+        env="INFERQ_REDIS_URL",
+        default=DEFAULT_REDIS,
+        dest="redis_url",
+        help="Redis URL (redis:// or rediss:// for TLS; user:password@ for AUTH)",
+    )
+    e.add(
+        "--namespace",
+        env="INFERQ_NAMESPACE",
+        default="inferq",
+        help="prefix of every Redis key, so deployments can share one Redis",
+    )
+    e.add(
+        "--log-level",
+        env="INFERQ_LOG_LEVEL",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level",
+    )
+
+
+def _gateway_flags(e: _Env) -> None:
+    e.add("--host", env="INFERQ_HOST", default="127.0.0.1", help="address to listen on")
+    e.add("--port", env="INFERQ_PORT", type=int, default=8000, help="HTTP port")
+    e.add(
+        "--max-body-bytes",
+        env="INFERQ_MAX_BODY_BYTES",
+        type=_positive_int,
+        default=64 * 1024 * 1024,
+        help="larger request bodies get 413",
+    )
+    e.add(
+        "--max-timeout-ms",
+        env="INFERQ_MAX_TIMEOUT_MS",
+        type=_positive_int,
+        default=300_000,
+        help="cap on any request's deadline",
+    )
+    e.add(
+        "--result-ttl-s",
+        env="INFERQ_RESULT_TTL_S",
+        type=_positive_int,
+        default=60,
+        help="how long an uncached result stays in Redis",
+    )
+
+
+def _worker_flags(e: _Env) -> None:
+    e.add(
+        "--model-repository",
+        env="INFERQ_MODEL_REPOSITORY",
+        type=Path,
+        default=Path("models"),
+        help="model repository folder ({name}/config.toml, {name}/{version}/model.onnx)",
+    )
+    e.add(
+        "--models",
+        env="INFERQ_MODELS",
+        default="",
+        help="comma-separated models to serve; empty serves every model in the repository",
+    )
+    e.add(
+        "--max-batch",
+        env="INFERQ_MAX_BATCH",
+        type=_positive_int,
+        help="override every model's max_batch (rows per model call)",
+    )
+    e.add(
+        "--flush-ms",
+        env="INFERQ_FLUSH_MS",
+        type=_non_negative_float,
+        help="override every model's flush window (longest wait for a batch to fill)",
+    )
+    e.add(
+        "--device",
+        env="INFERQ_DEVICE",
+        default="cpu",
+        choices=["cpu", "cuda"],
+        help="where models run",
+    )
+    e.add(
+        "--drain-timeout-s",
+        env="INFERQ_DRAIN_TIMEOUT_S",
+        type=_non_negative_float,
+        default=30.0,
+        help="on SIGTERM, how long to finish in-flight batches",
+    )
+    e.add(
+        "--heartbeat-s",
+        env="INFERQ_HEARTBEAT_S",
+        type=_non_negative_float,
+        default=2.0,
+        help="how often the worker refreshes its advertisement",
+    )
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="inferq",
+        description="Queue-driven inference: an Open Inference Protocol (KServe V2) gateway "
+        "over Redis Streams with dynamic-batching workers.",
+    )
+    parser.add_argument("--version", action="version", version=f"inferq {inferq.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser(
+        "up",
+        help="run Redis (if needed), a gateway and workers on this machine",
+        description="All-in-one local run. Uses the Redis at --redis if one "
+        "answers, else starts a private redis-server on a free port.",
+    )
+    e = _Env(up, environ)
+    _redis_flags(e)
+    _gateway_flags(e)
+    _worker_flags(e)
+    e.add(
+        "--workers",
+        env="INFERQ_WORKERS",
+        type=_positive_int,
+        default=1,
+        help="worker processes to start",
+    )
+
+    gw = sub.add_parser(
+        "gateway",
+        help="run the HTTP gateway",
+        description="Serve the Open Inference Protocol over HTTP, queueing "
+        "requests on Redis Streams.",
+    )
+    e = _Env(gw, environ)
+    _redis_flags(e)
+    _gateway_flags(e)
+
+    wk = sub.add_parser(
+        "worker",
+        help="run a worker that serves models from the repository",
+        description="Join the consumer group of each served model, batch "
+        "requests and run them. Start as many as you like, anywhere that "
+        "reaches the same Redis.",
+    )
+    e = _Env(wk, environ)
+    _redis_flags(e)
+    _worker_flags(e)
+    return parser
+
+
+def _redis_settings(args: argparse.Namespace) -> RedisSettings:
+    return RedisSettings(url=args.redis_url)
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from inferq.logging import configure
+    from producer.app import create_app
+    from producer.settings import GatewaySettings
+
+    configure(args.log_level)
+    settings = GatewaySettings(
+        redis=_redis_settings(args),
+        namespace=args.namespace,
+        host=args.host,
+        port=args.port,
+        max_body_bytes=args.max_body_bytes,
+        max_timeout_ms=args.max_timeout_ms,
+        result_ttl_s=args.result_ttl_s,
+        log_level=args.log_level,
+    )
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=10,
+    )
+    return EXIT_OK
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from consumer.repository import RepositoryError
+    from consumer.settings import WorkerSettings
+    from consumer.worker import Worker
+    from inferq.logging import configure
+
+    configure(args.log_level)
+    settings = WorkerSettings(
+        redis=_redis_settings(args),
+        namespace=args.namespace,
+        model_repository=args.model_repository,
+        models=tuple(m.strip() for m in args.models.split(",") if m.strip()),
+        max_batch=args.max_batch,
+        flush_ms=args.flush_ms,
+        device=args.device,
+        drain_timeout_s=args.drain_timeout_s,
+        heartbeat_s=args.heartbeat_s,
+        log_level=args.log_level,
+    )
+    worker = Worker(settings)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        signals = 0
+
+        def on_signal() -> None:
+            nonlocal signals
+            signals += 1
+            if signals > 1:
+                os._exit(EXIT_FAILED)  # a second signal forces exit, as promised in --help
+            worker.request_stop()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        await worker.run()
+
+    try:
+        _run(main())
+    except RepositoryError as e:
+        print(f"inferq worker: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
+def _run(coro: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
+
+
+def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    environ = os.environ if environ is None else environ
+    args = build_parser(environ).parse_args(argv)
+    if args.command == "gateway":
+        return run_gateway(args)
+    if args.command == "worker":
+        return run_worker(args)
+    from inferq.up import run_up
+
+    return run_up(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""A private ``redis-server`` on a free loopback port, for ``inferq up`` and the test suite."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import redis
+
+INSTALL_HINT = (
+    "install Redis 7 (Debian/Ubuntu: `sudo apt-get install redis-server`; macOS: "
+    "`brew install redis`) or point --redis / INFERQ_REDIS_URL at a running Redis"
+)
+
+
+class RedisServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def answers(url: str, timeout_s: float = 0.5) -> bool:
+    """Whether a Redis at ``url`` answers PING."""
+    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+    try:
+        return bool(client.ping())
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
+
+
+class RedisServer:
+    """Starts ``redis-server`` with no persistence in a temporary folder; ``stop`` removes it."""
+
+    def __init__(self, *, port: int | None = None, binary: str = "redis-server") -> None:
+        self.port = port or free_port()
+        self.binary = binary
+        self._process: subprocess.Popen[bytes] | None = None
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        path = shutil.which(self.binary)
+        if path is None:
+            raise RedisServerError(f"no `{self.binary}` on PATH: {INSTALL_HINT}")
+        self._dir = tempfile.TemporaryDirectory(prefix="inferq-redis-")
+        self._process = subprocess.Popen(
+            [
+                path,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir.name,
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not answers(self.url, 0.2):
+            if self._process.poll() is not None:
+                err = self._process.stderr.read().decode() if self._process.stderr else ""
+                raise RedisServerError(f"redis-server exited at start: {err.strip()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RedisServerError(f"redis-server did not answer within {timeout_s} s")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self._process is not None and self._process.poll() is None:
+            self._process.terminate()
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                self._process.kill()
+                self._process.wait()
+        if self._process is not None and self._process.stderr:
+            self._process.stderr.close()
+        self._process = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,204 @@
+"""``inferq up``: Redis (found or started), one gateway and N workers on this machine.
+
+Children are started with the parent-death signal set (Linux), so even a ``kill -9`` of
+``inferq up`` leaves no orphans; Ctrl-C or SIGTERM stops them in order: workers drain first, then
+the gateway, then a private Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from inferq.connections import redact
+from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+READY_TIMEOUT_S = 60.0
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "inferq", *argv],
+        preexec_fn=_die_with_parent,
+    )
+
+
+def _common(args: argparse.Namespace, redis_url: str) -> list[str]:
+    return ["--redis", redis_url, "--namespace", args.namespace, "--log-level", args.log_level]
+
+
+def _worker_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
+    argv = [
+        "worker",
+        *_common(args, redis_url),
+        "--model-repository",
+        str(args.model_repository),
+        "--device",
+        args.device,
+        "--drain-timeout-s",
+        str(args.drain_timeout_s),
+    ]
+    if args.models:
+        argv += ["--models", args.models]
+    if args.max_batch:
+        argv += ["--max-batch", str(args.max_batch)]
+    if args.flush_ms is not None:
+        argv += ["--flush-ms", str(args.flush_ms)]
+    return argv
+
+
+def _gateway_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
+    return [
+        "gateway",
+        *_common(args, redis_url),
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--max-body-bytes",
+        str(args.max_body_bytes),
+        "--max-timeout-ms",
+        str(args.max_timeout_ms),
+        "--result-ttl-s",
+        str(args.result_ttl_s),
+    ]
+
+
+def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], stop: threading.Event) -> bool:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and not stop.is_set():
+        if any(p.poll() is not None for p in processes):
+            return False
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
+                if r.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        stop.wait(0.2)
+    return False
+
+
+def example_curl(url: str, repository: Path) -> str:
+    samples = repository / "digits" / "samples.json"
+    data: list[Any] = [0.0] * 64
+    if samples.is_file():
+        data = json.loads(samples.read_text())["inputs"][0]
+    body = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "data": [round(x) for x in data],
+                }
+            ]
+        },
+        separators=(",", ":"),
+    )
+    return (
+        f"curl -s -X POST {url}/v2/models/digits/infer "
+        f"-H 'Content-Type: application/json' -d '{body}'"
+    )
+
+
+def _stop_all(processes: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    for p in processes:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for p in processes:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def run_up(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    signals = 0
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+        if signals > 1:
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    server: RedisServer | None = None
+    workers: list[subprocess.Popen[bytes]] = []
+    gateway: subprocess.Popen[bytes] | None = None
+    redis_url = args.redis_url
+    try:
+        if not answers(redis_url):
+            try:
+                server = RedisServer().start()
+            except RedisServerError as e:
+                print(
+                    f"inferq up: no Redis answers at {redact(redis_url)} and {e}", file=sys.stderr
+                )
+                if "PATH" not in str(e):
+                    print(f"inferq up: {INSTALL_HINT}", file=sys.stderr)
+                return EXIT_FAILED
+            redis_url = server.url
+            print(f"inferq up: started a private redis-server at {redis_url}", flush=True)
+        else:
+            print(f"inferq up: using the Redis at {redact(redis_url)}", flush=True)
+        workers = [_spawn(_worker_argv(args, redis_url)) for _ in range(args.workers)]
+        gateway = _spawn(_gateway_argv(args, redis_url))
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+        url = f"http://{host}:{args.port}"
+        if not _wait_ready(url, [gateway, *workers], stop):
+            if not stop.is_set():
+                print(
+                    "inferq up: the service did not become ready; see the messages above",
+                    file=sys.stderr,
+                )
+            return EXIT_FAILED if not stop.is_set() else EXIT_OK
+        print(
+            f"\ninferq is serving at {url} with {args.workers} worker(s). Try:\n\n"
+            f"  {example_curl(url, args.model_repository)}\n\nCtrl-C stops everything.\n",
+            flush=True,
+        )
+        while not stop.is_set():
+            exited = [p for p in [gateway, *workers] if p.poll() is not None]
+            if exited:
+                print(
+                    f"inferq up: a process exited (code {exited[0].returncode}); stopping",
+                    file=sys.stderr,
+                )
+                return EXIT_FAILED
+            stop.wait(0.5)
+        return EXIT_OK
+    except KeyboardInterrupt:
+        return EXIT_FAILED
+    finally:
+        # Workers first so they drain into a gateway that still listens for their replies.
+        _stop_all(workers, args.drain_timeout_s + 5)
+        if gateway is not None:
+            _stop_all([gateway], 15)
+        if server is not None:
+            server.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,253 @@
+"""The Starlette application: V2 routes that parse HTTP, delegate, and format the answer."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import structlog
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+import inferq
+from producer.errors import (
+    BadRequest,
+    GatewayError,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+)
+from producer.gateway import Gateway
+from producer.settings import GatewaySettings
+from producer.v2 import encode_infer_response
+
+log = structlog.get_logger("inferq.gateway")
+
+EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_repository(read-only metadata)"]
+JSON_TYPES = ("application/json",)
+BINARY_TYPES = ("application/octet-stream",)
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+
+
+def _gateway(request: Request) -> Gateway:
+    gateway: Gateway = request.app.state.gateway
+    return gateway
+
+
+def _traceparent(request: Request) -> str:
+    """The caller's W3C trace context, or a new one, so logs on every hop join up."""
+    given = request.headers.get("traceparent", "")
+    if _TRACEPARENT.match(given):
+        return given
+    return f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+        )
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding '{encoding}' is not supported (use gzip, deflate or none)"
+        )
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        plain = inflater.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise BadRequest(f"request body is not valid {encoding} data: {e}") from None
+    if len(plain) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+    return plain
+
+
+def _header_length(request: Request) -> int | None:
+    raw = request.headers.get("inference-header-content-length")
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if raw is None:
+        if content_type in BINARY_TYPES:
+            raise BadRequest(
+                "binary request bodies need an Inference-Header-Content-Length header "
+                "giving the length of the JSON part"
+            )
+        if content_type and content_type not in JSON_TYPES:
+            raise UnsupportedMediaType(
+                f"Content-Type '{content_type}' is not supported: send JSON with "
+                "'Content-Type: application/json', or the binary tensor extension with "
+                "'Content-Type: application/octet-stream' and Inference-Header-Content-Length"
+            )
+        return None
+    if content_type and content_type not in (*BINARY_TYPES, *JSON_TYPES):
+        raise UnsupportedMediaType(
+            f"Content-Type '{content_type}' is not supported with the binary tensor extension; "
+            "use application/octet-stream"
+        )
+    if not raw.strip().isdigit():
+        raise BadRequest("Inference-Header-Content-Length must be a non-negative integer")
+    return int(raw)
+
+
+def _no_cache(request: Request) -> bool:
+    directives = request.headers.get("cache-control", "").lower()
+    return "no-cache" in directives or "no-store" in directives
+
+
+async def live(request: Request) -> Response:
+    return JSONResponse({"live": True})
+
+
+async def ready(request: Request) -> Response:
+    ok = await _gateway(request).ready()
+    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+
+
+async def server_metadata(request: Request) -> Response:
+    return JSONResponse({"name": "inferq", "version": inferq.__version__, "extensions": EXTENSIONS})
+
+
+def _spec(spec: Any) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": list(spec.shape)}
+
+
+async def model_metadata(request: Request) -> Response:
+    p = request.path_params
+    entry, _ = await _gateway(request).service.model(p["model"], p.get("version"))
+    meta = entry.metadata
+    return JSONResponse(
+        {
+            "name": meta.name,
+            "versions": list(meta.versions),
+            "platform": meta.platform,
+            "inputs": [_spec(s) for s in meta.inputs],
+            "outputs": [_spec(s) for s in meta.outputs],
+            "parameters": {
+                "default_version": meta.default_version,
+                "max_batch_size": meta.max_batch,
+                "default_timeout_ms": meta.default_timeout_ms,
+                "cache": meta.cache_enabled,
+                "workers": entry.workers,
+            },
+        }
+    )
+
+
+async def model_ready(request: Request) -> Response:
+    p = request.path_params
+    entry, version = await _gateway(request).service.model(p["model"], p.get("version"))
+    ok = entry.workers > 0
+    return JSONResponse(
+        {"name": entry.metadata.name, "version": version, "ready": ok},
+        status_code=200 if ok else 503,
+    )
+
+
+async def infer(request: Request) -> Response:
+    gateway = _gateway(request)
+    p = request.path_params
+    header_length = _header_length(request)
+    raw = await _read_body(request, gateway.settings.max_body_bytes)
+    trace = _traceparent(request)
+    outcome = await gateway.service.infer(
+        p["model"],
+        p.get("version"),
+        raw,
+        header_length,
+        no_cache=_no_cache(request),
+        traceparent=trace,
+    )
+    result = outcome.result
+    body, json_length = encode_infer_response(
+        client_id=outcome.body.client_id,
+        model_name=result.model,
+        model_version=result.version,
+        outputs=result.outputs,
+        binary_outputs=outcome.body.binary_outputs,
+        binary_all=outcome.body.binary_all,
+    )
+    headers = {"traceparent": trace, "x-inferq-cache": "hit" if outcome.cached else "miss"}
+    if json_length is None:
+        return Response(body, media_type="application/json", headers=headers)
+    headers["inference-header-content-length"] = str(json_length)
+    return Response(body, media_type="application/octet-stream", headers=headers)
+
+
+async def gateway_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, GatewayError)
+    headers = {}
+    if exc.retry_after_s is not None:
+        headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+
+
+async def http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    message = {
+        404: f"no such endpoint: {request.method} {request.url.path}",
+        405: f"method {request.method} is not allowed on {request.url.path}",
+    }
+    return JSONResponse(
+        {"error": message.get(exc.status_code, exc.detail)},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
+
+
+async def internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error", path=request.url.path)
+    return JSONResponse({"error": "internal error in the gateway; see its log"}, status_code=500)
+
+
+def routes() -> list[Route]:
+    model = "/v2/models/{model}"
+    versioned = "/v2/models/{model}/versions/{version}"
+    return [
+        Route("/v2/health/live", live),
+        Route("/v2/health/ready", ready),
+        Route("/v2", server_metadata),
+        *(Route(base, model_metadata) for base in (model, versioned)),
+        *(Route(base + "/ready", model_ready) for base in (model, versioned)),
+        *(Route(base + "/infer", infer, methods=["POST"]) for base in (model, versioned)),
+    ]
+
+
+def create_app(settings: GatewaySettings) -> Starlette:
+    gateway = Gateway(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await gateway.start()
+        try:
+            yield
+        finally:
+            await gateway.stop()
+
+    app = Starlette(
+        routes=routes(),
+        lifespan=lifespan,
+        exception_handlers={
+            GatewayError: gateway_error,
+            HTTPException: http_error,
+            Exception: internal_error,
+        },
+    )
+    app.state.gateway = gateway
+    return app

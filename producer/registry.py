@@ -1,0 +1,132 @@
+"""What the gateway knows about models: read from the workers' advertisements in Redis.
+
+Refreshed on a schedule (one ``ZRANGEBYSCORE`` of live workers and one ``MGET`` of their
+advertisements), never per request. A model is *known* if any worker ever published it (the
+``models`` hash), and *available* while at least one live worker serves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from inferq.connections import RedisClock
+from protocol import ProtocolError
+from protocol.keys import Keys
+from protocol.registry import ModelMetadata, WorkerInfo
+
+log = structlog.get_logger("inferq.gateway")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    metadata: ModelMetadata
+    workers: int
+    """Live workers serving this model."""
+
+
+def _version_key(v: str) -> tuple[int, int, str]:
+    return (0, int(v), v) if v.isdigit() else (1, 0, v)
+
+
+def merge(workers: list[WorkerInfo], known: dict[str, ModelMetadata]) -> dict[str, ModelEntry]:
+    """Combine advertisements: versions are the union across live workers, the rest of the
+    metadata comes from the most recently started worker (the newest rollout wins)."""
+    entries: dict[str, ModelEntry] = {name: ModelEntry(meta, 0) for name, meta in known.items()}
+    newest: dict[str, tuple[int, ModelMetadata, set[str], int]] = {}
+    for w in workers:
+        for m in w.models:
+            started, meta, versions, count = newest.get(m.name, (-1, m, set(), 0))
+            versions = versions | set(m.versions)
+            if w.started_ms >= started:
+                started, meta = w.started_ms, m
+            newest[m.name] = (started, meta, versions, count + 1)
+    for name, (_, meta, versions, count) in newest.items():
+        ordered = tuple(sorted(versions, key=_version_key))
+        default = meta.default_version if meta.default_version in versions else ordered[-1]
+        merged = ModelMetadata(
+            name,
+            ordered,
+            default,
+            meta.platform,
+            meta.inputs,
+            meta.outputs,
+            meta.max_batch,
+            meta.default_timeout_ms,
+            meta.cache_enabled,
+            meta.cache_ttl_s,
+        )
+        entries[name] = ModelEntry(merged, count)
+    return entries
+
+
+class ModelRegistry:
+    def __init__(
+        self, redis: aioredis.Redis, keys: Keys, clock: RedisClock, *, refresh_s: float
+    ) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self.models: dict[str, ModelEntry] = {}
+        self.redis_ok = False
+        self._last_refresh = 0.0
+        self._refreshing: asyncio.Lock = asyncio.Lock()
+
+    @property
+    def live_workers(self) -> int:
+        return max((e.workers for e in self.models.values()), default=0)
+
+    async def refresh(self) -> None:
+        async with self._refreshing:
+            try:
+                ids = await self._redis.zrangebyscore(
+                    self._keys.workers, self._clock.now_ms(), "+inf"
+                )
+                pipe = self._redis.pipeline(transaction=False)
+                if ids:
+                    pipe.mget([self._keys.worker(i.decode()) for i in ids])
+                pipe.hgetall(self._keys.models)
+                replies = await pipe.execute()
+            except (RedisError, OSError) as e:
+                if self.redis_ok:
+                    log.warning("registry refresh failed", error=str(e))
+                self.redis_ok = False
+                return
+            self.redis_ok = True
+            self._last_refresh = time.monotonic()
+            workers = [w for raw in (replies[0] if ids else []) if raw and (w := _worker(raw))]
+            known = {}
+            for name, raw in replies[-1].items():
+                try:
+                    known[name.decode()] = ModelMetadata.decode(raw)
+                except ProtocolError:
+                    continue
+            self.models = merge(workers, known)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_s)
+            await self.refresh()
+
+    async def lookup(self, name: str) -> ModelEntry | None:
+        """The model's entry; an unknown name triggers one early refresh (rate-limited), so a
+        worker that just started is found without waiting for the schedule."""
+        entry = self.models.get(name)
+        if (entry is None or entry.workers == 0) and time.monotonic() - self._last_refresh > 0.2:
+            await self.refresh()
+            entry = self.models.get(name)
+        return entry
+
+
+def _worker(raw: bytes) -> WorkerInfo | None:
+    try:
+        return WorkerInfo.decode(raw)
+    except ProtocolError as e:
+        log.warning("ignoring a worker advertisement", error=str(e))
+        return None

@@ -1,0 +1,130 @@
+"""Results come back to the gateway on one reply stream per gateway process.
+
+Workers ``XADD`` each result to the stream named in the request; one listener task per gateway
+reads it with a blocking ``XREAD`` on a dedicated connection and resolves the waiting request's
+future. Waiting requests hold no Redis connection: 10,000 waiters cost 10,000 futures and one
+connection. The listener remembers the last id it read, so after a reconnect it continues where
+it stopped and no result is lost; it trims what it has read (``XTRIM MINID``, in the same round
+trip as the next read). The stream carries a TTL that the gateway refreshes; workers write with
+``NOMKSTREAM``, so the stream of a gateway that died expires and is not recreated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from protocol import ProtocolError
+from protocol.messages import FIELD, InferResult
+
+log = structlog.get_logger("inferq.gateway")
+
+_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+def _next_id(entry_id: str) -> str:
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+class ReplyListener:
+    def __init__(
+        self,
+        reader: aioredis.Redis,
+        commands: aioredis.Redis,
+        key: str,
+        *,
+        block_ms: int,
+        ttl_s: float,
+        count: int = 1000,
+    ) -> None:
+        self._reader = reader
+        self._commands = commands
+        self.key = key
+        self._block_ms = block_ms
+        self._ttl_ms = int(ttl_s * 1000)
+        self._count = count
+        self._waiters: dict[str, asyncio.Future[InferResult]] = {}
+        self._last_id = "$"
+        self.healthy = False
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def expect(self, request_id: str) -> asyncio.Future[InferResult]:
+        """Register interest before enqueueing, so even an instant reply finds its waiter."""
+        future: asyncio.Future[InferResult] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = future
+        return future
+
+    def forget(self, request_id: str) -> None:
+        self._waiters.pop(request_id, None)
+
+    async def keepalive(self) -> None:
+        """Create the stream if missing and push its expiry forward."""
+        pipe = self._commands.pipeline(transaction=False)
+        pipe.xadd(self.key, {b"keepalive": b"1"})
+        pipe.pexpire(self.key, self._ttl_ms)
+        entry_id, _ = await pipe.execute()
+        if self._last_id == "$":
+            self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+
+    async def run_keepalive(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.keepalive()
+            except _CONNECTION_ERRORS as e:
+                log.warning("reply stream keepalive failed", error=str(e))
+
+    async def run(self) -> None:
+        backoff = 0.05
+        trim_from: str | None = None
+        while True:
+            try:
+                pipe = self._reader.pipeline(transaction=False)
+                if trim_from is not None:
+                    pipe.xtrim(self.key, minid=_next_id(trim_from), approximate=False)
+                pipe.xread({self.key: self._last_id}, count=self._count, block=self._block_ms)
+                replies = await pipe.execute()
+                self.healthy = True
+                backoff = 0.05
+            except _CONNECTION_ERRORS as e:
+                self.healthy = False
+                log.warning(
+                    "reply listener lost Redis, reconnecting", error=str(e), backoff_s=backoff
+                )
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            trim_from = None
+            for _stream, entries in replies[-1] or []:
+                for entry_id, fields in entries:
+                    self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    trim_from = self._last_id
+                    self._resolve(fields)
+
+    def _resolve(self, fields: dict[Any, Any]) -> None:
+        payload = fields.get(FIELD)
+        if payload is None:
+            return  # a keepalive entry
+        try:
+            result = InferResult.decode(payload)
+        except ProtocolError as e:
+            log.error("undecodable reply ignored", error=str(e))
+            return
+        future = self._waiters.pop(result.id, None)
+        if future is not None and not future.done():
+            future.set_result(result)
+
+    def fail_all(self, error: Exception) -> None:
+        for future in self._waiters.values():
+            if not future.done():
+                future.set_exception(error)
+        self._waiters.clear()

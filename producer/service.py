@@ -1,0 +1,199 @@
+"""The one handler behind every inference endpoint: validate, look in the cache, enqueue, wait.
+
+Routes only do HTTP things (read the body, pick the response format) and call ``infer``. Per
+request on a cache miss this costs two Redis commands (GET of the cache key, XADD of the request),
+both sent through the auto-pipeline so concurrent requests share round trips; the result arrives
+on the gateway's reply stream with no further command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from inferq.connections import RedisClock
+from producer.errors import (
+    BadRequest,
+    GatewayTimeout,
+    ModelFailed,
+    NotFound,
+    ServiceUnavailable,
+)
+from producer.pipeliner import AutoPipeline
+from producer.registry import ModelEntry, ModelRegistry
+from producer.replies import ReplyListener
+from producer.settings import GatewaySettings
+from producer.v2 import InferRequestBody, parse_infer_request
+from protocol import ProtocolError
+from protocol.cachekey import digest
+from protocol.keys import Keys, Lane, is_valid_name
+from protocol.messages import FIELD, InferRequest, InferResult, Status
+from protocol.registry import ModelMetadata
+
+log = structlog.get_logger("inferq.gateway")
+
+_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class InferOutcome:
+    body: InferRequestBody
+    result: InferResult
+    cached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """The V2 schedule-policy parameters of one request, validated."""
+
+    timeout_ms: int
+    priority: int
+    use_cache: bool
+
+
+class InferenceService:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        keys: Keys,
+        registry: ModelRegistry,
+        pipeline: AutoPipeline,
+        replies: ReplyListener,
+        clock: RedisClock,
+    ) -> None:
+        self.settings = settings
+        self.keys = keys
+        self.registry = registry
+        self.pipeline = pipeline
+        self.replies = replies
+        self.clock = clock
+
+    async def model(self, name: str, version: str | None = None) -> tuple[ModelEntry, str]:
+        """The model's entry and the concrete version a request goes to; 404 if unknown."""
+        entry = await self.registry.lookup(name) if is_valid_name(name) else None
+        if entry is None:
+            known = ", ".join(sorted(self.registry.models)) or "none yet"
+            raise NotFound(f"unknown model '{name}' (models served: {known})")
+        meta = entry.metadata
+        if version is None or version == "":
+            return entry, meta.default_version
+        if version not in meta.versions:
+            raise NotFound(
+                f"model '{name}' has no version '{version}' (versions: {', '.join(meta.versions)})"
+            )
+        return entry, version
+
+    def schedule(self, meta: ModelMetadata, body: InferRequestBody, *, no_cache: bool) -> Schedule:
+        params = body.parameters
+        timeout_us = params.get("timeout", 0)
+        if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
+            raise BadRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
+        priority = params.get("priority", 0)
+        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+            raise BadRequest("parameter 'priority' must be a non-negative integer (1 is highest)")
+        cache = params.get("cache", True)
+        if not isinstance(cache, bool):
+            raise BadRequest("parameter 'cache' must be true or false")
+        timeout_ms = timeout_us // 1000 if timeout_us else meta.default_timeout_ms
+        return Schedule(
+            timeout_ms=max(1, min(timeout_ms, self.settings.max_timeout_ms)),
+            priority=priority,
+            use_cache=cache and not no_cache and meta.cache_enabled,
+        )
+
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        raw: bytes,
+        header_length: int | None,
+        *,
+        no_cache: bool = False,
+        traceparent: str | None = None,
+    ) -> InferOutcome:
+        started = time.monotonic()
+        entry, version = await self.model(name, version)
+        meta = entry.metadata
+        body = parse_infer_request(raw, header_length, meta)
+        sched = self.schedule(meta, body, no_cache=no_cache)
+        if entry.workers == 0:
+            raise ServiceUnavailable(
+                f"no live worker serves model '{name}'; start one with "
+                f"`inferq worker --models {name}`",
+                retry_after_s=5,
+            )
+        cache_key = (
+            self.keys.cache(name, version, digest(body.inputs, body.outputs))
+            if sched.use_cache
+            else None
+        )
+        if cache_key is not None:
+            cached = await self._redis("GET", cache_key)
+            if cached is not None:
+                try:
+                    return InferOutcome(body, InferResult.decode(cached), cached=True)
+                except ProtocolError:
+                    log.warning("ignoring an undecodable cache entry", key=cache_key)
+        request_id = secrets.token_hex(16)
+        now_ms = self.clock.now_ms()
+        request = InferRequest(
+            id=request_id,
+            model=name,
+            version=version,
+            inputs=body.inputs,
+            outputs=body.outputs,
+            deadline_ms=now_ms + sched.timeout_ms,
+            enqueued_ms=now_ms,
+            result_key=cache_key or self.keys.result(request_id),
+            result_ttl_ms=(meta.cache_ttl_s if cache_key else self.settings.result_ttl_s) * 1000,
+            reply_to=self.replies.key,
+            priority=sched.priority,
+            client_id=body.client_id,
+            traceparent=traceparent,
+        )
+        future = self.replies.expect(request_id)
+        try:
+            stream = self.keys.stream(name, Lane.for_priority(sched.priority))
+            await self._redis("XADD", stream, "*", FIELD, request.encode())
+            remaining = sched.timeout_ms / 1000 - (time.monotonic() - started)
+            result = await asyncio.wait_for(future, max(0.0, remaining))
+        except TimeoutError:
+            raise GatewayTimeout(
+                f"model '{name}' did not answer within the request's deadline of "
+                f"{sched.timeout_ms} ms (queue backlog or too few workers); the request will "
+                "not run after its deadline"
+            ) from None
+        finally:
+            self.replies.forget(request_id)
+        return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
+
+    async def _redis(self, *args: Any) -> Any:
+        try:
+            return await self.pipeline.execute(*args)
+        except _REDIS_DOWN as e:
+            raise ServiceUnavailable(
+                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
+            ) from e
+        except RedisError as e:
+            raise ServiceUnavailable(f"the queue (Redis) refused the request: {e}") from e
+
+
+def _checked(result: InferResult, name: str, timeout_ms: int) -> InferResult:
+    if result.status is Status.OK:
+        return result
+    if result.status is Status.EXPIRED:
+        raise GatewayTimeout(
+            f"model '{name}' could not start the request within its deadline of {timeout_ms} ms: "
+            f"{result.error}"
+        )
+    if result.status is Status.INVALID:
+        raise BadRequest(result.error or f"model '{name}' rejected the input")
+    raise ModelFailed(result.error or f"model '{name}' failed")

@@ -1,0 +1,34 @@
+"""Gateway settings: one frozen object, built by the CLI from flags and ``INFERQ_*`` variables."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from inferq.connections import RedisSettings
+
+
+def default_gateway_id() -> str:
+    return secrets.token_hex(6)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    redis: RedisSettings = field(default_factory=RedisSettings)
+    namespace: str = "inferq"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    gateway_id: str = field(default_factory=default_gateway_id)
+    """Names this process's reply stream; unique per process."""
+    max_body_bytes: int = 64 * 1024 * 1024
+    """Larger request bodies are refused with 413."""
+    max_timeout_ms: int = 300_000
+    """Upper bound on any request's deadline, whatever the client asks for."""
+    result_ttl_s: int = 60
+    """How long a result stays readable when the model's cache is off."""
+    registry_refresh_s: float = 1.0
+    """How often the gateway re-reads which workers are live and what they serve."""
+    reply_block_ms: int = 2000
+    heartbeat_s: float = 5.0
+    """How often the gateway refreshes its reply stream's TTL."""
+    log_level: str = "info"

@@ -1,0 +1,593 @@
+"""Open Inference Protocol (KServe V2) inference bodies: parse and check requests, build responses.
+
+Pure functions, no I/O: the HTTP layer hands in the raw body and the value of the
+``Inference-Header-Content-Length`` header, and gets back tensors in wire form
+(:class:`protocol.tensor.Tensor`) ready for Redis; on the way back it hands in the result tensors
+and gets the response body plus the header length to send.
+
+Both plain JSON bodies and Triton's binary tensor data extension are supported: with
+``Inference-Header-Content-Length: n`` the first ``n`` bytes are the JSON header and the rest is
+the raw data of the tensors whose ``parameters.binary_data_size`` is set, in the order they are
+listed. Fixed-size datatypes travel as little-endian raw bytes and ``BYTES`` as 4-byte
+little-endian length-prefixed elements, which is exactly the form ``Tensor`` stores, so binary
+data is passed through untouched.
+
+Every problem with a request raises :class:`producer.errors.BadRequest` with a message meant for
+the person who sent it, naming the input or output concerned.
+
+Leniencies, deliberately kept because checking them would cost a Python loop per element:
+
+* JSON ``true``/``false`` mixed with numbers in numeric ``data`` are taken as 1/0 (numpy's
+  conversion); a list made only of ``true``/``false`` is still rejected for numeric datatypes.
+* ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's JSON reader accepts) are accepted for
+  floating-point inputs; they are rejected for integer inputs.
+
+Shared memory and the classification extension are not supported and are rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from producer.errors import BadRequest
+from protocol.errors import ProtocolError
+from protocol.registry import ModelMetadata, TensorSpec
+from protocol.tensor import BYTES, DATATYPES, DTYPES, Tensor, pack_bytes_elements
+from protocol.tensor import unpack_bytes_elements as _unpack_bytes
+
+__all__ = [
+    "InferRequestBody",
+    "encode_infer_response",
+    "parse_infer_request",
+    "parse_json_object",
+]
+
+_INT_RANGES: dict[str, tuple[int, int]] = {
+    name: (int(np.iinfo(dt).min), int(np.iinfo(dt).max))
+    for name, dt in DTYPES.items()
+    if dt.kind in "iu"
+}
+_EXACT_FLOAT_INT = 2**53
+"""Every integer up to this magnitude is exact in float64."""
+_FLOAT_TYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind == "f")
+_DATATYPE_LIST = ", ".join(sorted(DATATYPES))
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""Compact; keeps the default ``allow_nan=True`` (see :func:`encode_infer_response`)."""
+
+_KIND_WORDS = {
+    "b": "true/false values",
+    "i": "integers",
+    "u": "integers",
+    "f": "numbers",
+    "U": "strings",
+    "S": "strings",
+    "O": "mixed or non-numeric values",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class InferRequestBody:
+    """A validated inference request.
+
+    ``binary_outputs`` and ``binary_all`` are already resolved from the request-level
+    ``parameters.binary_data_output`` and the per-output ``parameters.binary_data`` (which takes
+    precedence), so that an output is sent as binary data exactly when
+    ``binary_all or name in binary_outputs`` -- the rule :func:`encode_infer_response` applies:
+
+    * ``binary_outputs`` holds the name of every output (of those requested, or of all the model's
+      outputs when ``outputs`` is ``None``) that is to be returned as binary data.
+    * ``binary_all`` is ``True`` only when the request set ``binary_data_output`` and no requested
+      output opted out with ``binary_data: false``; ``binary_outputs`` then holds every output too.
+    """
+
+    client_id: str | None
+    """The request's ``id``, echoed in the response; ``None`` when absent."""
+    inputs: list[Tensor]
+    """Validated inputs in wire form, in the order the request lists them."""
+    outputs: list[str] | None
+    """Requested output names in request order; ``None`` (also for an empty list) means all."""
+    binary_outputs: frozenset[str]
+    binary_all: bool
+    parameters: dict[str, Any]
+    """The request-level ``parameters`` object as sent (``timeout``, ``priority``, ...); ``{}``
+    when absent. Only ``binary_data_output`` is checked here."""
+
+
+def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
+    """Decode ``body`` as a UTF-8 JSON object; anything else is a BadRequest about ``what``."""
+    try:
+        value = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise BadRequest(f"{what} is not valid JSON: it is not UTF-8 text ({e})") from None
+    except json.JSONDecodeError as e:
+        raise BadRequest(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what} must be a JSON object, got {_json_type(value)}")
+    return value
+
+
+def parse_infer_request(
+    body: bytes, header_length: int | None, model: ModelMetadata
+) -> InferRequestBody:
+    """Parse and validate a V2 inference request for ``model``.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` header (``None`` when absent:
+    the whole body is JSON). Raises BadRequest for anything malformed or not matching the model.
+    """
+    if header_length is None:
+        header = body
+        binary_end = pos = len(body)
+        what = "request body"
+    else:
+        if header_length < 0 or header_length > len(body):
+            raise BadRequest(
+                f"Inference-Header-Content-Length is {header_length} but the request body has "
+                f"{len(body)} bytes"
+            )
+        header = body[:header_length]
+        pos = header_length
+        binary_end = len(body)
+        what = f"request body (its JSON header, the first {header_length} bytes)"
+    request = parse_json_object(header, what)
+
+    client_id = request.get("id")
+    if client_id is not None and not isinstance(client_id, str):
+        raise BadRequest(f"request 'id' must be a string, got {_json_type(client_id)}")
+
+    parameters = request.get("parameters")
+    if parameters is None:
+        parameters = {}
+    elif not isinstance(parameters, dict):
+        raise BadRequest(f"request 'parameters' must be an object, got {_json_type(parameters)}")
+    binary_data_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_data_output, bool):
+        raise BadRequest("request parameter 'binary_data_output' must be true or false")
+
+    raw_inputs = request.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest(
+            f"request needs 'inputs', a non-empty list of input tensors (model '{model.name}' "
+            f"takes {_names(model.inputs)})"
+        )
+
+    specs = {s.name: s for s in model.inputs}
+    inputs: list[Tensor] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_inputs):
+        if not isinstance(raw, dict):
+            raise BadRequest(f"inputs[{index}] must be an object, got {_json_type(raw)}")
+        name, datatype, shape = _tensor_header(raw, index, specs, model)
+        if name in seen:
+            raise BadRequest(f"input '{name}' appears more than once in the request")
+        seen.add(name)
+
+        params = raw.get("parameters")
+        if params is None:
+            params = {}
+        elif not isinstance(params, dict):
+            raise BadRequest(f"input '{name}': 'parameters' must be an object")
+        if "shared_memory_region" in params:
+            raise BadRequest(
+                f"input '{name}': shared memory is not supported by this server; send the "
+                "tensor in 'data' or as binary data"
+            )
+        size = params.get("binary_data_size")
+        if size is not None:
+            if "data" in raw:
+                raise BadRequest(f"input '{name}' has both 'data' and a binary_data_size")
+            if type(size) is not int or size < 0:
+                raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
+            if pos + size > binary_end:
+                raise BadRequest(_short_binary_message(name, size, binary_end - pos, header_length))
+            try:
+                tensor = Tensor.checked(name, datatype, shape, body[pos : pos + size])
+            except ProtocolError as e:
+                raise BadRequest(f"input '{name}': binary data does not fit: {e}") from None
+            pos += size
+        else:
+            if "data" not in raw:
+                raise BadRequest(
+                    f"input '{name}' has no 'data' (and no binary_data_size for binary data)"
+                )
+            tensor = Tensor(name, datatype, shape, _json_tensor_data(name, datatype, shape, raw))
+        inputs.append(tensor)
+
+    if len(seen) != len(specs):
+        missing = [s.name for s in model.inputs if s.name not in seen]
+        raise BadRequest(
+            f"model '{model.name}' needs input{'s' if len(missing) > 1 else ''} "
+            f"{_quoted(missing)}, missing from the request"
+        )
+    if pos != binary_end:
+        raise BadRequest(
+            f"request has {binary_end - pos} bytes of binary data after the JSON header that no "
+            "input claims (the inputs' binary_data_size values add up to less)"
+        )
+
+    outputs, binary_outputs, binary_all = _requested_outputs(
+        request.get("outputs"), model, binary_data_output
+    )
+    return InferRequestBody(
+        client_id=client_id,
+        inputs=inputs,
+        outputs=outputs,
+        binary_outputs=binary_outputs,
+        binary_all=binary_all,
+        parameters=parameters,
+    )
+
+
+def encode_infer_response(
+    *,
+    client_id: str | None,
+    model_name: str,
+    model_version: str,
+    outputs: list[Tensor],
+    binary_outputs: frozenset[str],
+    binary_all: bool,
+) -> tuple[bytes, int | None]:
+    """Build a V2 inference response body; returns ``(body, header_length)``.
+
+    Outputs appear in the order of ``outputs``. An output is sent as binary data when
+    ``binary_all`` is true or its name is in ``binary_outputs`` (see :class:`InferRequestBody`):
+    its JSON entry then has ``"parameters": {"binary_data_size": n}`` and no ``data``, and its
+    bytes follow the JSON header in the order of ``outputs``. Other outputs carry ``data``, the
+    flattened row-major values.
+
+    ``header_length`` is ``None`` when the body is plain JSON (``application/json``); otherwise the
+    caller sends ``Inference-Header-Content-Length: header_length`` with
+    ``application/octet-stream``.
+
+    Edge cases:
+
+    * A ``BYTES`` output with an element that is not valid UTF-8 cannot be a JSON string without
+      altering it, so that output is sent as binary data even if JSON was asked for (lossless, and
+      every client of the binary extension, tritonclient included, reads it). Callers must
+      therefore always honour ``header_length``.
+    * Non-finite floats are written as ``NaN``, ``Infinity`` and ``-Infinity``, which Python's and
+      tritonclient's (rapidjson) JSON readers accept but strict JSON parsers do not; such clients
+      should ask for binary outputs.
+    """
+    entries: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for tensor in outputs:
+        entry: dict[str, Any] = {
+            "name": tensor.name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        data = None
+        if not (binary_all or tensor.name in binary_outputs):
+            data = _json_values(tensor)
+        if data is None:
+            entry["parameters"] = {"binary_data_size": len(tensor.data)}
+            blobs.append(tensor.data)
+        else:
+            entry["data"] = data
+        entries.append(entry)
+
+    response: dict[str, Any] = {}
+    if client_id is not None:
+        response["id"] = client_id
+    response["model_name"] = model_name
+    response["model_version"] = model_version
+    response["outputs"] = entries
+    header = _ENCODER.encode(response).encode("ascii")
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+# --- requests: tensor headers -------------------------------------------------------------
+
+
+def _tensor_header(
+    raw: dict[str, Any], index: int, specs: dict[str, TensorSpec], model: ModelMetadata
+) -> tuple[str, str, tuple[int, ...]]:
+    """Check an input's name, datatype and shape against the model."""
+    name = raw.get("name")
+    if not isinstance(name, str):
+        raise BadRequest(f"inputs[{index}] needs a string 'name'")
+    spec = specs.get(name)
+    if spec is None:
+        raise BadRequest(
+            f"model '{model.name}' has no input '{name}'; its inputs are {_names(model.inputs)}"
+        )
+    datatype = raw.get("datatype")
+    if not isinstance(datatype, str):
+        raise BadRequest(
+            f"input '{name}' needs a string 'datatype' ({spec.datatype} for this model)"
+        )
+    if datatype != spec.datatype:
+        if datatype not in DATATYPES:
+            raise BadRequest(
+                f"input '{name}' has unknown datatype {datatype!r} (V2 datatypes are "
+                f"{_DATATYPE_LIST}); model '{model.name}' expects {spec.datatype}"
+            )
+        raise BadRequest(
+            f"input '{name}' has datatype {datatype} but model '{model.name}' expects "
+            f"{spec.datatype}"
+        )
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise BadRequest(
+            f"input '{name}': 'shape' must be a list of non-negative integers, got "
+            f"{json.dumps(shape)}"
+        )
+    declared = spec.shape
+    if len(shape) != len(declared) or any(
+        d != want for d, want in zip(shape, declared, strict=True) if want >= 0
+    ):
+        raise BadRequest(
+            f"input '{name}' has shape {shape} but model '{model.name}' expects {list(declared)}"
+        )
+    return name, datatype, tuple(shape)
+
+
+def _short_binary_message(name: str, size: int, left: int, header_length: int | None) -> str:
+    if header_length is None:
+        return (
+            f"input '{name}' has binary_data_size {size} but the request has no binary data "
+            "(send the Inference-Header-Content-Length header with the JSON header's length)"
+        )
+    return (
+        f"input '{name}' has binary_data_size {size} but only {left} bytes of binary data "
+        "remain after the JSON header and the inputs before it"
+    )
+
+
+# --- requests: JSON data ------------------------------------------------------------------
+
+
+def _json_tensor_data(
+    name: str, datatype: str, shape: tuple[int, ...], raw: dict[str, Any]
+) -> bytes:
+    """The wire bytes of an input given as JSON ``data`` (flat or nested, row-major)."""
+    data = raw["data"]
+    if not isinstance(data, list):
+        raise BadRequest(f"input '{name}': 'data' must be a list, got {_json_type(data)}")
+    need = math.prod(shape)
+    if datatype == BYTES:
+        elements = _json_strings(name, data)
+        _check_count(name, shape, need, len(elements))
+        try:
+            encoded = [e.encode("utf-8") for e in elements]
+        except UnicodeEncodeError:
+            raise BadRequest(
+                f"input '{name}': a string holds an unpaired surrogate escape and is not valid "
+                "Unicode; send such data as binary data"
+            ) from None
+        return pack_bytes_elements(encoded)
+    return _json_numbers(name, datatype, shape, need, data).tobytes()
+
+
+def _check_count(name: str, shape: tuple[int, ...], need: int, got: int) -> None:
+    if got != need:
+        raise BadRequest(
+            f"input '{name}': shape {list(shape)} needs {need} "
+            f"element{'' if need == 1 else 's'}, got {got}"
+        )
+
+
+def _json_strings(name: str, data: list[Any]) -> list[str]:
+    for item in data:
+        if type(item) is not str:
+            break
+    else:
+        return data  # the common case: a flat list of strings
+    try:
+        flat = np.array(data, dtype=object).ravel().tolist()
+    except ValueError:
+        raise BadRequest(f"input '{name}': 'data' nested lists are ragged") from None
+    for item in flat:
+        if isinstance(item, list):
+            raise BadRequest(
+                f"input '{name}': 'data' nested lists are ragged (every row must have the "
+                "same length)"
+            )
+        if not isinstance(item, str):
+            raise BadRequest(
+                f"input '{name}': BYTES data must be strings, found {_json_type(item)}"
+            )
+    return flat
+
+
+def _json_numbers(
+    name: str, datatype: str, shape: tuple[int, ...], need: int, data: list[Any]
+) -> npt.NDArray[Any]:
+    """Convert numeric JSON data to a flat little-endian array, vectorised."""
+    try:
+        arr = np.array(data)
+    except ValueError:
+        raise BadRequest(
+            f"input '{name}': 'data' nested lists are ragged (every row must have the same length)"
+        ) from None
+    _check_count(name, shape, need, arr.size)
+    dtype = DTYPES[datatype]
+    if arr.size == 0:
+        return np.empty(0, dtype=dtype)
+    arr = arr.reshape(-1)
+    kind = arr.dtype.kind
+    if datatype == "BOOL":
+        if kind != "b":
+            raise BadRequest(
+                f"input '{name}': BOOL data must be true or false, "
+                f"found {_KIND_WORDS.get(kind, 'other values')}"
+            )
+        return arr
+    if kind == "O":
+        arr = _object_numbers(name, datatype, arr)
+        kind = arr.dtype.kind
+    elif kind not in "iuf":
+        raise BadRequest(
+            f"input '{name}': {datatype} data must be numbers, "
+            f"found {_KIND_WORDS.get(kind, 'other values')}"
+        )
+
+    if datatype in _FLOAT_TYPES:
+        if arr.dtype == dtype:
+            return arr
+        with np.errstate(over="ignore", invalid="ignore"):
+            out = arr.astype(dtype)
+        if not np.isfinite(out).all() and (np.isinf(out) & np.isfinite(arr)).any():
+            raise BadRequest(
+                f"input '{name}': a value is out of range for {datatype} "
+                f"(largest magnitude {float(np.finfo(dtype).max):g})"
+            )
+        return out
+
+    lo, hi = _INT_RANGES[datatype]
+    if kind == "f":
+        if not (arr == np.trunc(arr)).all():
+            raise BadRequest(
+                f"input '{name}': {datatype} data must be whole numbers, found a fraction or NaN"
+            )
+        low, high = float(arr.min()), float(arr.max())  # Python compares float and int exactly
+        if max(-low, high) > _EXACT_FLOAT_INT:
+            # numpy turns integers mixed with floats, or int64 mixed with uint64 values, into
+            # float64: beyond 2**53 that loses digits, so check the values as sent, exactly.
+            return _object_numbers(name, datatype, np.array(data, dtype=object).reshape(-1))
+    else:
+        low, high = int(arr.min()), int(arr.max())
+    if low < lo or high > hi:
+        raise BadRequest(
+            f"input '{name}': a value is out of range for {datatype} ({lo} to {hi}), "
+            f"found {_number(low if low < lo else high)}"
+        )
+    return arr.astype(dtype, copy=False)
+
+
+def _object_numbers(name: str, datatype: str, arr: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """The slow path for what numpy could not type: huge integers, nulls, objects."""
+    items = arr.tolist()
+    for item in items:
+        if type(item) is bool or not isinstance(item, int | float):
+            raise BadRequest(
+                f"input '{name}': {datatype} data must be numbers, found {_json_type(item)}"
+            )
+    if datatype in _INT_RANGES:
+        lo, hi = _INT_RANGES[datatype]
+        for item in items:
+            if isinstance(item, float) and not item.is_integer():
+                raise BadRequest(
+                    f"input '{name}': {datatype} data must be whole numbers, found {item!r}"
+                )
+            if not lo <= item <= hi:
+                raise BadRequest(
+                    f"input '{name}': a value is out of range for {datatype} ({lo} to {hi}), "
+                    f"found {_number(item)}"
+                )
+        return np.array([int(i) for i in items], dtype=DTYPES[datatype])
+    try:
+        return np.array([float(i) for i in items], dtype=np.float64)
+    except OverflowError:
+        raise BadRequest(f"input '{name}': a value is out of range for {datatype}") from None
+
+
+# --- requests: outputs --------------------------------------------------------------------
+
+
+def _requested_outputs(
+    raw_outputs: Any, model: ModelMetadata, binary_data_output: bool
+) -> tuple[list[str] | None, frozenset[str], bool]:
+    if raw_outputs is None or raw_outputs == []:
+        if binary_data_output:
+            return None, frozenset(s.name for s in model.outputs), True
+        return None, frozenset(), False
+    if not isinstance(raw_outputs, list):
+        raise BadRequest(f"request 'outputs' must be a list, got {_json_type(raw_outputs)}")
+    known = {s.name for s in model.outputs}
+    names: list[str] = []
+    binary: set[str] = set()
+    opted_out = False
+    for index, raw in enumerate(raw_outputs):
+        if not isinstance(raw, dict):
+            raise BadRequest(f"outputs[{index}] must be an object, got {_json_type(raw)}")
+        name = raw.get("name")
+        if not isinstance(name, str):
+            raise BadRequest(f"outputs[{index}] needs a string 'name'")
+        if name not in known:
+            raise BadRequest(
+                f"model '{model.name}' has no output '{name}'; its outputs are "
+                f"{_names(model.outputs)}"
+            )
+        if name in names:
+            raise BadRequest(f"output '{name}' is requested more than once")
+        params = raw.get("parameters")
+        if params is None:
+            params = {}
+        elif not isinstance(params, dict):
+            raise BadRequest(f"output '{name}': 'parameters' must be an object")
+        if params.get("classification", 0) not in (0, None):
+            raise BadRequest(
+                f"output '{name}': the classification extension is not supported by this server"
+            )
+        if "shared_memory_region" in params:
+            raise BadRequest(f"output '{name}': shared memory is not supported by this server")
+        want_binary = params.get("binary_data")
+        if want_binary is None:
+            want_binary = binary_data_output
+        elif not isinstance(want_binary, bool):
+            raise BadRequest(f"output '{name}': parameter 'binary_data' must be true or false")
+        else:
+            opted_out = opted_out or not want_binary
+        if want_binary:
+            binary.add(name)
+        names.append(name)
+    return names, frozenset(binary), binary_data_output and not opted_out
+
+
+# --- responses ----------------------------------------------------------------------------
+
+
+def _json_values(tensor: Tensor) -> list[Any] | None:
+    """The flat JSON values of a tensor, or None when BYTES data is not valid UTF-8."""
+    if tensor.datatype == BYTES:
+        try:
+            return [e.decode("utf-8") for e in _unpack_bytes(tensor.data)]
+        except UnicodeDecodeError:
+            return None
+    values: list[Any] = np.frombuffer(tensor.data, dtype=DTYPES[tensor.datatype]).tolist()
+    return values
+
+
+# --- messages -----------------------------------------------------------------------------
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else repr(value)
+
+
+def _quoted(names: list[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
+
+
+def _names(specs: tuple[TensorSpec, ...]) -> str:
+    if not specs:
+        return "none"
+    return ", ".join(f"'{s.name}' ({s.datatype} {list(s.shape)})" for s in specs)

@@ -1,0 +1,243 @@
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+from typing import Any
+
+import pytest
+
+from loadgen.__main__ import main as cli_main
+from loadgen.closed import run_closed_loop
+from loadgen.http import PreparedRequest
+
+
+def test_closed_loop_measures_after_warmup(tiny_server, response_bytes) -> None:
+    async def main() -> None:
+        async with tiny_server(lambda req: response_bytes(b'{"ok": true}')) as srv:
+            res = await run_closed_loop(
+                srv.url + "/v2/models/m/infer",
+                concurrency=4,
+                duration_s=0.3,
+                warmup_s=0.1,
+                body=b'{"inputs": []}',
+                headers={"content-type": "application/json"},
+            )
+        assert res.requests > 0 and res.ok == res.requests
+        assert res.errors == {} and res.status_counts == {200: res.requests}
+        assert res.warmup_requests > 0
+        # every request the server saw was either warm-up or recorded
+        assert len(srv.requests) == res.warmup_requests + res.requests
+        assert srv.connections == 4
+        assert {r.path for r in srv.requests} == {"/v2/models/m/infer"}
+        assert all(r.method == "POST" and r.body == b'{"inputs": []}' for r in srv.requests)
+        assert 0.3 <= res.duration_s < 1.0
+        assert res.throughput_rps == pytest.approx(res.requests / res.duration_s)
+        lat = res.latency_ms
+        assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
+        assert res.client_cpu_s > 0
+        d = json.loads(json.dumps(res.to_dict()))
+        assert d["mode"] == "closed" and d["requests"] == res.requests
+        assert "requests" in res.summary()
+
+    asyncio.run(main())
+
+
+def test_max_requests_bounds_warmup_and_measurement(tiny_server, response_bytes) -> None:
+    async def main() -> None:
+        async with tiny_server(lambda req: response_bytes()) as srv:
+            res = await run_closed_loop(
+                srv.url, concurrency=3, duration_s=30, warmup_s=30, max_requests=25, method="GET"
+            )
+        assert res.warmup_requests == 25
+        assert res.requests == res.ok == 25
+        assert len(srv.requests) == 50
+        assert res.duration_s < 10
+
+    asyncio.run(main())
+
+
+def test_request_list_is_cycled_and_errors_counted(tiny_server, response_bytes) -> None:
+    def handler(req):
+        if req.path == "/fail":
+            return response_bytes(b"no", status=503, reason="Unavailable")
+        if req.path == "/drop":
+            return (b"", True)  # close without answering
+        return response_bytes()
+
+    reqs = [
+        PreparedRequest("POST", "/ok", b"1", {"content-type": "application/json"}),
+        PreparedRequest("POST", "/fail", b"2"),
+        PreparedRequest("GET", "/drop"),
+    ]
+
+    async def main() -> None:
+        async with tiny_server(handler) as srv:
+            res = await run_closed_loop(
+                srv.url, concurrency=2, duration_s=0.2, warmup_s=0, requests=reqs, max_requests=300
+            )
+        assert res.requests == 300
+        assert res.ok == 100
+        assert res.errors == {"503": 100, "ConnectionClosed": 100}
+        assert res.error_count == 200
+        assert res.status_counts == {200: 100, 503: 100}
+        assert res.warmup_requests == 0
+
+    asyncio.run(main())
+
+
+def test_timeouts_are_errors_and_the_loop_goes_on(tiny_server, response_bytes) -> None:
+    async def main() -> None:
+        never = asyncio.Event()
+
+        async def handler(req):
+            if req.path == "/hang":
+                await never.wait()
+            return response_bytes()
+
+        reqs = [PreparedRequest("GET", "/hang"), PreparedRequest("GET", "/")]
+        async with tiny_server(handler) as srv:
+            res = await run_closed_loop(
+                srv.url, concurrency=1, duration_s=0.3, warmup_s=0, requests=reqs, timeout_s=0.05
+            )
+        assert res.errors.get("RequestTimeout", 0) >= 2
+        assert res.ok >= 2
+        assert abs(res.ok - res.errors["RequestTimeout"]) <= 1
+
+    asyncio.run(main())
+
+
+def test_refused_connections_are_counted_not_raised() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        res = asyncio.run(
+            run_closed_loop(f"http://127.0.0.1:{port}/", concurrency=2, duration_s=0.1, warmup_s=0)
+        )
+    assert res.ok == 0 and res.requests > 0
+    assert set(res.errors) == {"ConnectError"}
+    assert res.latency_ms["p50"] is None
+    json.dumps(res.to_dict())
+
+
+@pytest.mark.parametrize(
+    ("url", "kwargs", "match"),
+    [
+        ("https://127.0.0.1/", {}, "https:// is not supported"),
+        ("http://127.0.0.1/", {"concurrency": 0}, "concurrency"),
+        ("http://127.0.0.1/", {"duration_s": 0}, "duration_s"),
+        ("http://127.0.0.1/", {"max_requests": 0}, "max_requests"),
+        ("http://127.0.0.1/", {"requests": [], "body": b""}, "empty"),
+        ("http://127.0.0.1/", {"requests": PreparedRequest("GET", "/"), "body": b"x"}, "either"),
+    ],
+)
+def test_bad_arguments(url: str, kwargs: dict[str, Any], match: str) -> None:
+    args: dict[str, Any] = {"concurrency": 1, "duration_s": 0.1} | kwargs
+    with pytest.raises(ValueError, match=match):
+        asyncio.run(run_closed_loop(url, **args))
+
+
+def test_against_uvicorn_and_starlette() -> None:
+    uvicorn = pytest.importorskip("uvicorn")
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def infer(request: Request) -> JSONResponse:
+        payload = await request.json()
+        return JSONResponse({"model_name": "m", "outputs": payload["inputs"]})
+
+    app = Starlette(routes=[Route("/v2/models/m/infer", infer, methods=["POST"])])
+
+    async def main() -> None:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=0, lifespan="off", log_config=None, log_level="warning"
+        )
+        config.load()
+        server = uvicorn.Server(config)
+        # What Server.serve() does, minus its signal handlers and its 0.1 s tick loop.
+        server.lifespan = config.lifespan_class(config)
+        await server.startup()
+        try:
+            port = server.servers[0].sockets[0].getsockname()[1]
+            res = await run_closed_loop(
+                f"http://127.0.0.1:{port}/v2/models/m/infer",
+                concurrency=8,
+                duration_s=0.5,
+                warmup_s=0.1,
+                body=json.dumps({"inputs": [{"name": "x", "data": [1, 2]}]}).encode(),
+                headers={"content-type": "application/json"},
+            )
+        finally:
+            await server.shutdown()
+        assert res.requests > 0 and res.ok == res.requests, res.errors
+
+    asyncio.run(main())
+
+
+class _ServerThread:
+    """The tiny server on its own loop in a thread, for the CLI (which runs its own loop)."""
+
+    def __init__(self, server_cls: Any, handler: Any) -> None:
+        self._cls = server_cls
+        self._handler = handler
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        async with self._cls(self._handler) as srv:
+            self.url = srv.url
+            self._ready.set()
+            await self._stop.wait()
+
+    def __enter__(self) -> _ServerThread:
+        self._thread.start()
+        assert self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._loop is not None and self._stop is not None
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+def test_cli_json(tiny_server, response_bytes, tmp_path, capsys) -> None:
+    body_file = tmp_path / "body.json"
+    body_file.write_bytes(b'{"inputs": []}')
+    with _ServerThread(tiny_server, lambda req: response_bytes(req.body)) as srv:
+        rc = cli_main(
+            [
+                "--url",
+                srv.url + "/v2/models/digits/infer",
+                "--body-file",
+                str(body_file),
+                "--header",
+                "content-type: application/json",
+                "--concurrency",
+                "2",
+                "--duration",
+                "0.2",
+                "--warmup",
+                "0",
+                "--json",
+            ]
+        )
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["concurrency"] == 2 and out["ok"] == out["requests"] > 0
+
+
+def test_cli_text_and_https_refusal(tiny_server, response_bytes, capsys) -> None:
+    with _ServerThread(tiny_server, lambda req: response_bytes()) as srv:
+        rc = cli_main(["--url", srv.url, "-c", "1", "-d", "0.1", "--warmup", "0", "--no-uvloop"])
+    assert rc == 0
+    assert "closed loop" in capsys.readouterr().out
+    assert cli_main(["--url", "https://127.0.0.1/", "-d", "0.1"]) == 2
+    assert "https:// is not supported" in capsys.readouterr().err
