@@ -74,6 +74,9 @@ class RedisServer:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
+            # Own process group: a Ctrl-C meant for `inferq up` must not stop Redis before the
+            # gateway and workers have drained into it.
+            process_group=0,
         )
         deadline = time.monotonic() + timeout_s
         while not answers(self.url, 0.2):

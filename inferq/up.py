@@ -38,6 +38,9 @@ def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "inferq", *argv],
         preexec_fn=_die_with_parent,
+        # Own process group: a terminal's Ctrl-C reaches only `inferq up`, which then stops
+        # the children in order instead of all at once.
+        process_group=0,
     )
 
 
