@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from inferq.aio import cancelling
 from inferq.connections import RedisClock
 from protocol.keys import Keys
 from protocol.registry import WorkerInfo
@@ -49,7 +50,7 @@ class Advertiser:
 
     async def run(self) -> None:
         beats = 0
-        while True:
+        while not cancelling():
             await asyncio.sleep(self._interval_s)
             try:
                 if beats % 30 == 0:

@@ -9,6 +9,7 @@ absolute paths and symlinks that point out of it are refused.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -122,7 +123,9 @@ def _specs(f: _Fields, key: str) -> tuple[TensorSpec, ...]:
         if datatype not in DATATYPES:
             raise t.fail("datatype", f"must be one of {', '.join(sorted(DATATYPES))}")
         shape = t.get("shape", list)
-        if not shape or not all(isinstance(d, int) and (d > 0 or d == -1) for d in shape):
+        if not shape or not all(
+            isinstance(d, int) and not isinstance(d, bool) and (d > 0 or d == -1) for d in shape
+        ):
             raise t.fail("shape", "must be a list of positive integers or -1")
         if shape[0] != -1:
             raise t.fail("shape", "must start with the batch dimension -1")
@@ -176,10 +179,12 @@ def load_config(repo: Path, name: str) -> ModelConfig:
     path = model_dir / CONFIG_FILE
     if not path.is_file():
         raise RepositoryError(f"model '{name}' not found: no {path}")
+    if not _inside(repo, path):
+        raise RepositoryError(f"{path}: config file points outside the repository")
     try:
         with path.open("rb") as fh:
             table = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as e:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:  # TOML must be UTF-8
         raise RepositoryError(f"{path}: not valid TOML: {e}") from e
     f = _Fields(path, table)
     backend = f.get("backend", str)
@@ -209,8 +214,8 @@ def load_config(repo: Path, name: str) -> ModelConfig:
             seed=int(sim.get("seed", int, 0)),
         ),
     )
-    if config.flush_ms < 0:
-        raise f.fail("flush_ms", "must not be negative")
+    if config.flush_ms < 0 or not math.isfinite(config.flush_ms):
+        raise f.fail("flush_ms", f"must be a finite number, not negative, got {config.flush_ms!r}")
     for v in config.versions:
         file = config.model_file(v)
         if file is not None:

@@ -36,6 +36,7 @@ from consumer.model import ServedModel, batch_group, rows_of
 from consumer.repository import list_models, load_config
 from consumer.settings import WorkerSettings
 from consumer.writer import Outgoing, ResultWriter
+from inferq.aio import cancelling
 from inferq.connections import RedisClock, blocking_client, command_client, redact
 from protocol import ProtocolError
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys
@@ -282,7 +283,7 @@ class Worker:
     async def _read_loop(self) -> None:
         assert self._reader is not None
         backoff = 0.05
-        while True:
+        while not cancelling():
             streams, count, block = self._wanted()
             if not streams:
                 self._reader_wake.clear()
@@ -386,7 +387,7 @@ class Worker:
     # -- running ---------------------------------------------------------------------------
 
     async def _dispatch_loop(self, slot: ModelSlot) -> None:
-        while True:
+        while not cancelling():
             now = time.monotonic()
             expired = slot.queue.drop_expired(now)
             if expired:

@@ -18,6 +18,7 @@ import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from inferq.aio import cancelling
 from protocol.keys import GROUP
 from protocol.messages import FIELD
 
@@ -63,11 +64,11 @@ class ResultWriter:
 
     async def run(self) -> None:
         backoff = 0.05
-        while True:
+        while not cancelling():
             await self._ready.wait()
             batch, self._queue = self._queue, []
             self._ready.clear()
-            while True:
+            while not cancelling():
                 try:
                     await self._write(batch)
                     backoff = 0.05

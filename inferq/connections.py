@@ -47,7 +47,7 @@ def command_client(settings: RedisSettings, *, name: str) -> aioredis.Redis:
         retry=_no_retry(),
         client_name=name,
     )
-    return aioredis.Redis(connection_pool=pool, auto_close_connection_pool=True)
+    return aioredis.Redis.from_pool(pool)
 
 
 def blocking_client(settings: RedisSettings, *, name: str, block_s: float) -> aioredis.Redis:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
@@ -236,6 +237,10 @@ class _ClientProtocol(asyncio.Protocol):
         self._keep_alive = True
         self._remaining = 0
         self._chunks: list[bytes] = []
+        # Request timeout: one lazily re-armed timer per connection (see begin()).
+        self._deadline = math.inf
+        self._timeout: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     # asyncio callbacks ----------------------------------------------------------------------
 
@@ -244,6 +249,9 @@ class _ClientProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         waiter = self._waiter
         self._waiter = None
         if waiter is not None and not waiter.done():
@@ -292,13 +300,40 @@ class _ClientProtocol(asyncio.Protocol):
 
     # request side ---------------------------------------------------------------------------
 
-    def begin(self, head_request: bool) -> asyncio.Future[Response]:
-        fut: asyncio.Future[Response] = self._loop.create_future()
+    def begin(self, head_request: bool, timeout: float | None) -> asyncio.Future[Response]:
+        """Expect a response; the caller writes the request right after.
+
+        The timeout costs one ``loop.time()`` per request: the connection keeps a single timer,
+        armed for the deadline of the request in flight when it was set; when it fires it fails
+        the current request if *its* deadline has passed, and otherwise re-arms itself for that
+        deadline.  (A ``call_later`` + ``cancel`` per request costs 1.5 us on uvloop and ~5 us on
+        the default loop, a sizeable share of the whole per-request budget.)
+        """
+        loop = self._loop
+        fut: asyncio.Future[Response] = loop.create_future()
         self._waiter = fut
         self._head_request = head_request
         self.got_bytes = False
         self._state = _HEAD
+        if timeout is None:
+            self._deadline = math.inf
+        else:
+            self._deadline = loop.time() + timeout
+            self._timeout = timeout
+            if self._timer is None:
+                self._timer = loop.call_at(self._deadline, self._on_timer)
         return fut
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter = self._waiter
+        if waiter is None or waiter.done() or self._deadline == math.inf:
+            return
+        # Timers may fire a little early (uvloop rounds to milliseconds): allow 1 ms.
+        if self._loop.time() >= self._deadline - 1e-3:
+            self._fail(RequestTimeout(f"no complete response within {self._timeout}s"))
+        else:
+            self._timer = self._loop.call_at(self._deadline, self._on_timer)
 
     def _discard(self) -> None:
         self.closed = True
@@ -562,7 +597,7 @@ class HTTPConnection:
         raw: bytes,
         *,
         head: bool = False,
-        # A per-request timer (one call_later) is much cheaper than ``asyncio.timeout()``.
+        # Much cheaper than ``asyncio.timeout()``: see _ClientProtocol.begin().
         timeout: float | _Default | None = DEFAULT,  # noqa: ASYNC109
     ) -> Response:
         """Write prepared request bytes (see :func:`prepare`) and await the response.
@@ -588,15 +623,9 @@ class HTTPConnection:
                     if proto.closed:  # closed by the server before we could write
                         msg = "connection closed before the request was sent"
                         raise ConnectionClosed(msg, partial=False)
-                    fut = proto.begin(head)
+                    fut = proto.begin(head, timeout)
                     proto.transport.write(raw)
-                    if timeout is None:
-                        return await fut
-                    handle = proto._loop.call_later(timeout, _expire, proto, fut, timeout)
-                    try:
-                        return await fut
-                    finally:
-                        handle.cancel()
+                    return await fut
                 except ConnectionClosed as exc:
                     if reused and not exc.partial:
                         # The server closed an idle keep-alive connection as we wrote: retry once
@@ -631,11 +660,6 @@ class HTTPConnection:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-
-def _expire(proto: _ClientProtocol, fut: asyncio.Future[Response], timeout: float) -> None:
-    if not fut.done():
-        proto._fail(RequestTimeout(f"no complete response within {timeout}s"))
 
 
 # --------------------------------------------------------------------------------------------

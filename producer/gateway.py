@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
+from inferq.aio import cancelling
 from inferq.connections import RedisClock, blocking_client, command_client, redact
 from producer.errors import ServiceUnavailable
 from producer.pipeliner import AutoPipeline
@@ -105,7 +106,7 @@ class Gateway:
             log.error("gateway task crashed", task=task.get_name(), exc_info=task.exception())
 
     async def _resync_clock(self) -> None:
-        while True:
+        while not cancelling():
             await asyncio.sleep(60)
             with contextlib.suppress(RedisError, OSError):
                 await self.clock.sync(self.redis)

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from inferq.aio import cancelling
 from inferq.connections import RedisClock
 from protocol import ProtocolError
 from protocol.keys import Keys
@@ -110,7 +111,7 @@ class ModelRegistry:
             self.models = merge(workers, known)
 
     async def run(self) -> None:
-        while True:
+        while not cancelling():
             await asyncio.sleep(self._refresh_s)
             await self.refresh()
 

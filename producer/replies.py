@@ -19,6 +19,7 @@ import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from inferq.aio import cancelling
 from protocol import ProtocolError
 from protocol.messages import FIELD, InferResult
 
@@ -76,7 +77,7 @@ class ReplyListener:
             self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
 
     async def run_keepalive(self, interval_s: float) -> None:
-        while True:
+        while not cancelling():
             await asyncio.sleep(interval_s)
             try:
                 await self.keepalive()
@@ -86,7 +87,7 @@ class ReplyListener:
     async def run(self) -> None:
         backoff = 0.05
         trim_from: str | None = None
-        while True:
+        while not cancelling():
             try:
                 pipe = self._reader.pipeline(transaction=False)
                 if trim_from is not None:

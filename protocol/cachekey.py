@@ -22,6 +22,11 @@ def digest(inputs: list[Tensor], outputs: list[str] | None) -> str:
         h.update(struct.pack(f"<I{len(t.shape)}q", len(t.shape), *t.shape))
         h.update(struct.pack("<Q", len(t.data)))
         h.update(t.data)
-    wanted = "*" if outputs is None else "\0".join(sorted(outputs))
-    h.update(b"outputs\0" + wanted.encode())
+    if outputs is None:
+        h.update(b"outputs*")
+    else:  # length-prefixed, so [], [""], ["*"] and ["a\0b"] vs ["a", "b"] all differ
+        h.update(b"outputs" + struct.pack("<I", len(outputs)))
+        for out in sorted(outputs):
+            name = out.encode()
+            h.update(struct.pack("<I", len(name)) + name)
     return h.hexdigest()

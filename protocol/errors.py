@@ -1,5 +1,7 @@
 """Errors raised while encoding or decoding the wire contract."""
 
+import reprlib
+
 
 class ProtocolError(ValueError):
     """A message or tensor that does not follow the wire contract.
@@ -13,7 +15,8 @@ class VersionMismatch(ProtocolError):
 
     def __init__(self, got: object, expected: int) -> None:
         super().__init__(
-            f"message has protocol version {got!r} but this process speaks version {expected}; "
+            f"message has protocol version {reprlib.repr(got)} but this process speaks "
+            f"version {expected}; "
             "upgrade the gateway and the workers to the same inferq release"
         )
         self.got = got

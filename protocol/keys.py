@@ -31,7 +31,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 def is_valid_name(name: str) -> bool:
     """Model names and versions: letters, digits, ``_``, ``-``, ``.``; no path tricks."""
-    return bool(_NAME.match(name)) and ".." not in name
+    return bool(_NAME.fullmatch(name)) and ".." not in name  # fullmatch: "$" allows a "\n"
 
 
 class Lane(StrEnum):
@@ -76,6 +76,8 @@ class Keys:
         if not key.startswith(prefix):
             return None
         model, _, lane = key[len(prefix) :].rpartition(":")
+        if not model:
+            return None
         try:
             return model, Lane(lane)
         except ValueError:

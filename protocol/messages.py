@@ -7,6 +7,7 @@ place a field is named. Stream entries carry the encoded message in the single f
 
 from __future__ import annotations
 
+import reprlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, cast
@@ -49,7 +50,7 @@ def _unpack(raw: bytes, what: str, n_fields: int) -> list[Any]:
         raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
     if not isinstance(items, list) or not items:
         raise ProtocolError(f"{what} is not a msgpack array")
-    if items[0] != PROTOCOL_VERSION:
+    if type(items[0]) is not int or items[0] != PROTOCOL_VERSION:  # not True, not 1.0
         raise VersionMismatch(items[0], PROTOCOL_VERSION)
     if len(items) != n_fields + 1:
         raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {n_fields}")
@@ -133,7 +134,7 @@ class InferRequest:
         try:
             kind = Kind(f[10])
         except ValueError as e:
-            raise ProtocolError(f"{what}: unknown kind {f[10]!r}") from e
+            raise ProtocolError(f"{what}: unknown kind {reprlib.repr(f[10])}") from e
         return cls(
             id=_typed(f[0], str, what, "id"),
             model=_typed(f[1], str, what, "model"),
@@ -201,12 +202,14 @@ class InferResult:
         try:
             status = Status(f[1])
         except ValueError as e:
-            raise ProtocolError(f"{what}: unknown status {f[1]!r}") from e
+            raise ProtocolError(f"{what}: unknown status {reprlib.repr(f[1])}") from e
         timings = _typed(f[7], list, what, "timings")
-        if len(timings) != 4 or not all(
-            isinstance(x, int | float) and not isinstance(x, bool) for x in timings
+        if (
+            len(timings) != 4
+            or not all(isinstance(x, int | float) and not isinstance(x, bool) for x in timings)
+            or type(timings[3]) is not int
         ):
-            raise ProtocolError(f"{what}: timings must be four numbers")
+            raise ProtocolError(f"{what}: timings must be three numbers and an integer")
         return cls(
             id=_typed(f[0], str, what, "id"),
             status=status,

@@ -33,10 +33,14 @@ class TensorSpec:
         if not (isinstance(item, list) and len(item) == 3):
             raise ProtocolError("tensor spec is not a [name, datatype, shape] list")
         name, datatype, shape = item
-        if not isinstance(name, str) or datatype not in DATATYPES:
-            raise ProtocolError(f"tensor spec {name!r} has an invalid name or datatype")
-        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
-            raise ProtocolError(f"tensor spec {name!r}: shape must be a list of integers")
+        if not isinstance(name, str):
+            raise ProtocolError("tensor spec has a name that is not a string")
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
+            raise ProtocolError(f"tensor spec {name!r} has an invalid datatype")
+        if not isinstance(shape, list) or not all(_is_int(d) and d >= -1 for d in shape):
+            raise ProtocolError(
+                f"tensor spec {name!r}: shape must be a list of integers, -1 for variable"
+            )
         return cls(name, datatype, tuple(shape))
 
 
@@ -82,13 +86,15 @@ class ModelMetadata:
             raise ProtocolError(f"model {name}: versions must be strings")
         if not isinstance(inputs, list) or not isinstance(outputs, list):
             raise ProtocolError(f"model {name}: inputs and outputs must be lists")
-        if not all(isinstance(x, int) for x in (mb, timeout, ttl)) or not isinstance(cache, bool):
+        if not isinstance(platform, str):
+            raise ProtocolError(f"model {name}: platform must be a string")
+        if not all(_is_int(x) for x in (mb, timeout, ttl)) or not isinstance(cache, bool):
             raise ProtocolError(f"model {name}: invalid batching, timeout or cache fields")
         return cls(
             name=name,
             versions=tuple(versions),
             default_version=default,
-            platform=str(platform),
+            platform=platform,
             inputs=tuple(TensorSpec.from_wire(s) for s in inputs),
             outputs=tuple(TensorSpec.from_wire(s) for s in outputs),
             max_batch=mb,
@@ -116,9 +122,13 @@ def _unpack_versioned(raw: bytes, what: str) -> list[Any]:
         raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
     if not isinstance(items, list) or not items:
         raise ProtocolError(f"{what} is not a msgpack array")
-    if items[0] != PROTOCOL_VERSION:
+    if type(items[0]) is not int or items[0] != PROTOCOL_VERSION:  # not True, not 1.0
         raise VersionMismatch(items[0], PROTOCOL_VERSION)
     return items
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,10 +163,12 @@ class WorkerInfo:
         _, wid, host, pid, started, models = items
         if not isinstance(wid, str) or not isinstance(models, list):
             raise ProtocolError("worker info: invalid id or models")
+        if not isinstance(host, str) or not _is_int(pid) or not _is_int(started):
+            raise ProtocolError(f"worker info {wid}: invalid host, pid or started_ms")
         return cls(
             id=wid,
-            host=str(host),
-            pid=int(pid),
-            started_ms=int(started),
+            host=host,
+            pid=pid,
+            started_ms=started,
             models=tuple(ModelMetadata.from_wire(m) for m in models),
         )

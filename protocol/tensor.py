@@ -38,6 +38,7 @@ BYTES = "BYTES"
 DATATYPES: frozenset[str] = frozenset([*DTYPES, BYTES])
 
 _LEN = struct.Struct("<I")
+_INT64_MAX = 2**63 - 1
 
 
 def datatype_of(dtype: np.dtype[Any]) -> str:
@@ -93,6 +94,8 @@ class Tensor:
                 f"tensor '{name}': unknown datatype {datatype!r} "
                 f"(expected one of {', '.join(sorted(DATATYPES))})"
             )
+        if any(d > _INT64_MAX or d < -_INT64_MAX for d in shape):
+            raise ProtocolError(f"tensor '{name}': a dimension does not fit in int64")
         if any(d < 0 for d in shape):
             raise ProtocolError(f"tensor '{name}': shape {list(shape)} has a negative dimension")
         count = element_count(shape)

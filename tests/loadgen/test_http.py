@@ -142,7 +142,7 @@ def _feed(data: bytes, splits: list[int], *, head: bool = False) -> tuple[Respon
         proto = _ClientProtocol(asyncio.get_running_loop())
         transport = FakeTransport(proto)
         proto.connection_made(transport)
-        fut = proto.begin(head)
+        fut = proto.begin(head, None)
         pos = 0
         for cut in [*splits, len(data)]:
             if cut > pos:
@@ -531,3 +531,32 @@ def test_cancelled_request_discards_connection(tiny_server, response_bytes) -> N
                 assert (await conn.request("GET", "/next")).body == b"/next"
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("runner", RUNNERS)
+def test_timer_is_rearmed_for_the_request_in_flight(
+    runner: Runner, tiny_server, response_bytes
+) -> None:
+    # The connection's single timer was armed for a short-timeout request that completed; the
+    # next request (longer timeout) must time out at its own deadline, not at the old one.
+    async def main() -> None:
+        never = asyncio.Event()
+
+        async def handler(req):
+            if req.path == "/slow":
+                await never.wait()
+            return response_bytes()
+
+        loop = asyncio.get_running_loop()
+        async with tiny_server(handler) as srv:
+            async with HTTPConnection.from_url(srv.url) as conn:
+                for _ in range(3):
+                    assert (await conn.request("GET", "/", timeout=0.02)).ok
+                t0 = loop.time()
+                with pytest.raises(RequestTimeout):
+                    await conn.request("GET", "/slow", timeout=0.25)
+                assert 0.24 <= loop.time() - t0 < 5
+                # no timeout at all: the stale timer must not fire on this one
+                assert (await conn.request("GET", "/", timeout=None)).ok
+
+    runner(main())

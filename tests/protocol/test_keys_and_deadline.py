@@ -1,0 +1,342 @@
+"""Key names, priority lanes, name validation, the shared clock and result-cache digests."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from protocol.cachekey import digest
+from protocol.deadline import (
+    ZERO,
+    ClockOffset,
+    deadline_after,
+    has_expired,
+    redis_time_ms,
+    remaining_ms,
+)
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name
+from protocol.tensor import Tensor, pack_bytes_elements
+
+# --------------------------------------------------------------------------------------------
+# Keys
+
+
+def _every_key(keys: Keys) -> list[str]:
+    return [
+        keys.stream("digits", Lane.NORMAL),
+        *keys.streams("digits"),
+        keys.replies("gw-1"),
+        keys.result("abc"),
+        keys.cache("digits", "1", "d1g3st"),
+        keys.workers,
+        keys.worker("w-1"),
+        keys.models,
+        keys.job("j1"),
+        keys.idempotency("k1"),
+        keys.dlq("digits"),
+    ]
+
+
+@pytest.mark.parametrize("namespace", ["inferq", "test-7f3a", "prod.eu"])
+def test_every_key_lives_under_the_namespace(namespace: str) -> None:
+    keys = Keys(namespace)
+    for key in _every_key(keys):
+        assert key.startswith(f"{namespace}:"), key
+
+
+def test_keys_follow_the_documented_layout() -> None:
+    keys = Keys()
+    assert keys.stream("digits", Lane.HIGH) == "inferq:stream:digits:high"
+    assert keys.replies("gw") == "inferq:replies:gw"
+    assert keys.result("r") == "inferq:result:r"
+    assert keys.cache("m", "2", "ff") == "inferq:cache:m:2:ff"
+    assert keys.workers == "inferq:workers"
+    assert keys.worker("w") == "inferq:worker:w"
+    assert keys.models == "inferq:models"
+    assert keys.job("j") == "inferq:job:j"
+    assert keys.idempotency("i") == "inferq:idempotency:i"
+    assert keys.dlq("m") == "inferq:dlq:m"
+    assert GROUP == "workers"
+
+
+def test_distinct_kinds_of_key_never_share_a_name() -> None:
+    keys = _every_key(Keys())
+    unique = set(keys)
+    # streams("digits") repeats stream("digits", NORMAL); everything else is distinct
+    assert len(unique) == len(keys) - 1
+
+
+def test_a_models_streams_are_listed_highest_priority_first() -> None:
+    assert Keys("ns").streams("m") == ["ns:stream:m:high", "ns:stream:m:normal", "ns:stream:m:low"]
+    assert LANES_BY_PRIORITY == (Lane.HIGH, Lane.NORMAL, Lane.LOW)
+
+
+@pytest.mark.parametrize("namespace", ["inferq", "a", "ns-with.dots"])
+@pytest.mark.parametrize("model", ["digits", "m", "resnet-50.v2", "A_b-C.d", "9", "x" * 128])
+@pytest.mark.parametrize("lane", list(Lane))
+def test_parse_stream_inverts_stream(namespace: str, model: str, lane: Lane) -> None:
+    keys = Keys(namespace)
+    assert keys.parse_stream(keys.stream(model, lane)) == (model, lane)
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "inferq:result:abc",
+        "inferq:stream:digits:urgent",
+        "inferq:stream:digits:",
+        "inferq:stream:digits",
+        "inferq:stream:normal",
+        "inferq:stream::normal",
+        "inferq:stream:",
+        "other:stream:digits:normal",
+        "inferqx:stream:digits:normal",
+        "xinferq:stream:digits:normal",
+        "inferq:dlq:digits",
+        "",
+    ],
+)
+def test_parse_stream_refuses_keys_that_are_not_request_streams(key: str) -> None:
+    assert Keys().parse_stream(key) is None
+
+
+def test_parse_stream_only_knows_its_own_namespace() -> None:
+    assert Keys("a").parse_stream(Keys("ab").stream("m", Lane.LOW)) is None
+    assert Keys("ab").parse_stream(Keys("a").stream("m", Lane.LOW)) is None
+
+
+# --------------------------------------------------------------------------------------------
+# Lanes
+
+
+@pytest.mark.parametrize(
+    ("priority", "lane"),
+    [
+        (1, Lane.HIGH),
+        (0, Lane.NORMAL),
+        (2, Lane.LOW),
+        (3, Lane.LOW),
+        (100, Lane.LOW),
+        (2**63 - 1, Lane.LOW),
+        (-1, Lane.NORMAL),
+    ],
+)
+def test_priority_maps_one_to_high_zero_to_normal_and_two_or_more_to_low(
+    priority: int, lane: Lane
+) -> None:
+    assert Lane.for_priority(priority) is lane
+
+
+# --------------------------------------------------------------------------------------------
+# Names
+
+
+@pytest.mark.parametrize(
+    "name", ["digits", "1", "10", "resnet-50", "v1.2.3", "A_b", "a.b-c_d", "x" * 128, "0.9"]
+)
+def test_plain_names_are_valid(name: str) -> None:
+    assert is_valid_name(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        ".",
+        "..",
+        "a..b",
+        "a/..",
+        "../etc",
+        ".hidden",
+        "a/b",
+        "/abs",
+        "a\\b",
+        "a:b",
+        ":",
+        "model:high",
+        "-dash",
+        "_under",
+        "sp ace",
+        "tab\t",
+        "digits\n",
+        "\ndigits",
+        "caf\u00e9",
+        "\u0661",  # a non-ASCII digit
+        "nul\x00",
+        "x" * 129,
+    ],
+)
+def test_names_that_could_escape_a_key_or_a_path_are_invalid(name: str) -> None:
+    assert not is_valid_name(name)
+
+
+# --------------------------------------------------------------------------------------------
+# The shared clock
+
+
+def test_clock_offset_takes_the_redis_time_at_the_round_trips_midpoint() -> None:
+    offset = ClockOffset.from_sample(local_before_ms=1000.0, redis_ms=5000.0, local_after_ms=1010.0)
+    assert offset.offset_ms == 5000.0 - 1005.0
+    assert offset.uncertainty_ms == 5.0
+
+
+def test_clock_offset_of_an_instant_round_trip_is_exact() -> None:
+    offset = ClockOffset.from_sample(200.0, 150.0, 200.0)
+    assert offset == ClockOffset(offset_ms=-50.0, uncertainty_ms=0.0)
+
+
+def test_a_local_clock_that_stepped_back_mid_sample_counts_as_no_round_trip() -> None:
+    offset = ClockOffset.from_sample(local_before_ms=1000.0, redis_ms=900.0, local_after_ms=990.0)
+    assert offset.uncertainty_ms == 0.0
+    assert offset.offset_ms == -100.0
+
+
+def test_better_of_prefers_the_sample_with_the_smaller_uncertainty() -> None:
+    tight = ClockOffset(offset_ms=10.0, uncertainty_ms=0.2)
+    loose = ClockOffset(offset_ms=50.0, uncertainty_ms=3.0)
+    assert tight.better_of(loose) is tight
+    assert loose.better_of(tight) is tight
+
+
+def test_better_of_keeps_the_current_estimate_on_a_tie() -> None:
+    a = ClockOffset(1.0, 2.0)
+    b = ClockOffset(5.0, 2.0)
+    assert a.better_of(b) is a
+    assert b.better_of(a) is b
+
+
+def test_the_best_of_many_samples_is_the_shortest_round_trip() -> None:
+    samples = [
+        ClockOffset.from_sample(0.0, 100.0, 8.0),
+        ClockOffset.from_sample(10.0, 111.0, 12.0),  # rtt 2: the best
+        ClockOffset.from_sample(20.0, 130.0, 25.0),
+    ]
+    best = samples[0]
+    for sample in samples[1:]:
+        best = best.better_of(sample)
+    assert best is samples[1]
+    assert best.offset_ms == 100.0
+
+
+def test_to_redis_ms_shifts_a_local_time_by_the_offset() -> None:
+    assert ClockOffset(offset_ms=250.5, uncertainty_ms=1.0).to_redis_ms(1000.0) == 1250
+    assert ZERO.to_redis_ms(1234.9) == 1234
+
+
+def test_redis_time_reply_parts_become_milliseconds() -> None:
+    assert redis_time_ms(b"1700000000", b"250000") == 1_700_000_000_250.0
+    assert redis_time_ms("2", "1500") == 2001.5
+    assert redis_time_ms(0, 999) == 0.999
+
+
+def test_deadlines_are_absolute_and_never_before_now() -> None:
+    assert deadline_after(1000, 250.9) == 1250
+    assert deadline_after(1000, 0) == 1000
+    assert deadline_after(1000, -50) == 1000
+
+
+def test_a_deadline_has_expired_from_its_own_millisecond_on() -> None:
+    assert remaining_ms(1000, 990) == 10
+    assert remaining_ms(1000, 1010) == -10
+    assert not has_expired(1000, 999)
+    assert has_expired(1000, 1000)
+    assert has_expired(1000, 1001)
+
+
+# --------------------------------------------------------------------------------------------
+# Result-cache digests
+
+
+def _t(name: str, values: list[float], dtype: str = "float32") -> Tensor:
+    return Tensor.from_numpy(name, np.array(values, dtype=dtype))
+
+
+BASE_INPUTS = [_t("a", [1.0, 2.0]), _t("b", [3.0])]
+BASE = digest(BASE_INPUTS, ["y", "x"])
+
+
+def test_a_digest_is_a_stable_hex_string() -> None:
+    assert re.fullmatch(r"[0-9a-f]{32}", BASE)
+    assert digest(BASE_INPUTS, ["y", "x"]) == BASE
+    # Pinned: the digest is a cache key shared by every process, so it must not drift between
+    # runs, hosts or releases unnoticed (Python's hash() would; this must not).
+    request = [Tensor.from_numpy("input", np.arange(4, dtype=np.float32))]
+    assert digest(request, ["label"]) == "590539cef88a9f428b438e965cc2987e"
+
+
+def test_a_digest_is_the_same_for_equal_requests_built_separately() -> None:
+    again = [_t("a", [1.0, 2.0]), _t("b", [3.0])]
+    assert digest(again, ["y", "x"]) == BASE
+
+
+def test_a_digest_ignores_the_order_of_inputs_and_outputs() -> None:
+    assert digest(list(reversed(BASE_INPUTS)), ["x", "y"]) == BASE
+    assert digest(list(reversed(BASE_INPUTS)), ["y", "x"]) == BASE
+
+
+@pytest.mark.parametrize(
+    ("inputs", "outputs", "what"),
+    [
+        ([_t("a", [1.0, 2.5]), _t("b", [3.0])], ["x", "y"], "a value"),
+        ([_t("a", [2.0, 1.0]), _t("b", [3.0])], ["x", "y"], "the order of values"),
+        ([_t("c", [1.0, 2.0]), _t("b", [3.0])], ["x", "y"], "an input name"),
+        ([_t("a", [1.0, 2.0], "int32"), _t("b", [3.0])], ["x", "y"], "a datatype"),
+        (
+            [Tensor.checked("a", "FP32", (2, 1), BASE_INPUTS[0].data), _t("b", [3.0])],
+            ["x", "y"],
+            "a shape",
+        ),
+        ([_t("a", [1.0, 2.0])], ["x", "y"], "a missing input"),
+        ([*BASE_INPUTS, _t("c", [])], ["x", "y"], "an extra empty input"),
+        (BASE_INPUTS, ["x"], "a missing output"),
+        (BASE_INPUTS, ["x", "y", "z"], "an extra output"),
+        (BASE_INPUTS, ["x", "w"], "an output name"),
+        (BASE_INPUTS, None, "all outputs"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_digest_changes_with_any_part_of_the_request(
+    inputs: list[Tensor], outputs: list[str] | None, what: str
+) -> None:
+    assert digest(inputs, outputs) != BASE, what
+
+
+def test_a_digest_changes_with_every_single_bit_of_input_data() -> None:
+    tensor = Tensor.checked("raw", "UINT8", (4,), b"\x00\x01\x02\x03")
+    seen = {digest([tensor], None)}
+    for i in range(len(tensor.data)):
+        for bit in range(8):
+            flipped = bytearray(tensor.data)
+            flipped[i] ^= 1 << bit
+            seen.add(digest([Tensor.checked("raw", "UINT8", (4,), bytes(flipped))], None))
+    assert len(seen) == 1 + 4 * 8
+
+
+def test_a_digest_tells_bytes_elements_apart_by_their_framing() -> None:
+    ab = Tensor.checked("t", "BYTES", (1,), pack_bytes_elements([b"ab"]))
+    a_b = Tensor.checked("t", "BYTES", (2,), pack_bytes_elements([b"a", b"b"]))
+    assert digest([ab], None) != digest([a_b], None)
+
+
+def test_a_digest_does_not_confuse_where_names_and_data_split() -> None:
+    one = Tensor.checked("ab", "UINT8", (1,), b"c")
+    two = Tensor.checked("a", "UINT8", (1,), b"c")
+    assert digest([one], None) != digest([two], None)
+    split = [Tensor.checked("a", "UINT8", (1,), b"\x01"), Tensor.checked("b", "UINT8", (0,), b"")]
+    joined = [Tensor.checked("a", "UINT8", (1,), b"\x01")]
+    assert digest(split, None) != digest(joined, None)
+
+
+@pytest.mark.parametrize(
+    "outputs",
+    [None, [], [""], ["*"], ["a", "b"], ["a\x00b"], ["ab"], ["a"], ["a", "a"]],
+    ids=repr,
+)
+def test_a_digest_tells_every_requested_output_list_apart(outputs: list[str] | None) -> None:
+    others = [None, [], [""], ["*"], ["a", "b"], ["a\x00b"], ["ab"], ["a"], ["a", "a"]]
+    mine = digest(BASE_INPUTS, outputs)
+    for other in others:
+        if other != outputs:
+            assert digest(BASE_INPUTS, other) != mine, (outputs, other)

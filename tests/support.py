@@ -1,0 +1,233 @@
+"""Helpers for the integration suite: real gateways and workers in background threads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from consumer.settings import WorkerSettings
+from consumer.worker import Worker
+from inferq.connections import RedisSettings
+from inferq.redisserver import free_port
+from producer.app import create_app
+from producer.gateway import Gateway
+from producer.settings import GatewaySettings
+
+START_TIMEOUT_S = 20.0
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
+    """Poll a condition until it holds; fail the test with ``what`` if it never does."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
+        time.sleep(0.005)
+
+
+def write_simulated_model(
+    repo: Path,
+    name: str,
+    *,
+    base_ms: float,
+    per_row_ms: float,
+    max_batch: int,
+    flush_ms: float = 2.0,
+    cache: bool = False,
+) -> None:
+    folder = repo / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "config.toml").write_text(
+        f"""backend = "simulated"
+max_batch = {max_batch}
+flush_ms = {flush_ms}
+default_timeout_ms = 10000
+
+[cache]
+enabled = {"true" if cache else "false"}
+
+[simulated]
+base_ms = {base_ms}
+per_row_ms = {per_row_ms}
+
+[[inputs]]
+name = "x"
+datatype = "FP32"
+shape = [-1, 4]
+
+[[outputs]]
+name = "sum"
+datatype = "FP32"
+shape = [-1, 1]
+"""
+    )
+
+
+def sim_body(value: float, rows: int = 1, **parameters: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [rows, 4], "data": [value] * 4 * rows}
+        ]
+    }
+    if parameters:
+        body["parameters"] = parameters
+    return body
+
+
+class WorkerThread:
+    """A real ``Worker`` running in its own thread and event loop."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self.worker = Worker(settings)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._main, name=f"worker-{settings.worker_id}")
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.create_task(self.worker.run())
+        started = asyncio.create_task(self.worker.started.wait())
+        await asyncio.wait([task, started], return_when=asyncio.FIRST_COMPLETED)
+        self._ready.set()
+        try:
+            await task
+        except BaseException as e:
+            self._error = e
+            raise
+        finally:
+            started.cancel()
+
+    def start(self) -> WorkerThread:
+        self._thread.start()
+        if not self._ready.wait(START_TIMEOUT_S) or not self.worker.started.is_set():
+            raise RuntimeError(f"worker did not start: {self._error!r}")
+        return self
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self.worker.request_stop)
+        self._thread.join(START_TIMEOUT_S)
+
+    @property
+    def stats(self) -> Any:
+        return self.worker.stats
+
+    def backend(self, model: str) -> Any:
+        slot = self.worker.slots[model]
+        return next(iter(slot.model.backends.values()))
+
+
+class GatewayThread:
+    """A real gateway served by uvicorn on a free loopback port, in its own thread."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.app = create_app(settings)
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=settings.port,
+            log_level="warning",
+            lifespan="on",
+            access_log=False,
+        )
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, name="gateway")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.settings.port}"
+
+    @property
+    def gateway(self) -> Gateway:
+        gateway: Gateway = self.app.state.gateway
+        return gateway
+
+    def start(self) -> GatewayThread:
+        self._thread.start()
+        wait_until(
+            lambda: self.server.started or not self._thread.is_alive(),
+            START_TIMEOUT_S,
+            "the gateway to start",
+        )
+        if not self.server.started:
+            raise RuntimeError("gateway did not start")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self._thread.join(START_TIMEOUT_S)
+
+
+class Stack:
+    """A gateway and workers sharing one Redis and namespace."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        namespace: str,
+        repo: Path,
+        registry: list[GatewayThread | WorkerThread],
+    ) -> None:
+        self.redis_url = redis_url
+        self.namespace = namespace
+        self.repo = repo
+        self.workers: list[WorkerThread] = []
+        self.gateway: GatewayThread | None = None
+        self._registry = registry
+
+    def add_worker(self, models: tuple[str, ...] = (), **options: Any) -> WorkerThread:
+        settings = WorkerSettings(
+            redis=RedisSettings(self.redis_url),
+            namespace=self.namespace,
+            model_repository=self.repo,
+            models=models,
+            heartbeat_s=0.5,
+            block_ms=500,
+        )
+        worker = WorkerThread(replace(settings, **options))
+        self._registry.append(worker)
+        self.workers.append(worker.start())
+        return worker
+
+    def start_gateway(self, **options: Any) -> GatewayThread:
+        settings = GatewaySettings(
+            redis=RedisSettings(self.redis_url),
+            namespace=self.namespace,
+            port=free_port(),
+            registry_refresh_s=0.2,
+            reply_block_ms=500,
+        )
+        self.gateway = GatewayThread(replace(settings, **options))
+        self._registry.append(self.gateway)
+        self.gateway.start()
+        return self.gateway
+
+    @property
+    def url(self) -> str:
+        assert self.gateway is not None
+        return self.gateway.url
+
+    def client(self, **options: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **options)
+
+    def infer(self, model: str, body: dict[str, Any], **options: Any) -> httpx.Response:
+        with self.client() as c:
+            return c.post(
+                f"/v2/models/{model}/infer",
+                content=json.dumps(body),
+                headers={"content-type": "application/json", **options},
+            )
