@@ -100,6 +100,10 @@ class ModelSlot:
         """Entries to ask for per stream: enough to fill the next batch."""
         return max(0, self.model.max_batch - self.queue.rows)
 
+    def reading_backlog(self) -> bool:
+        """Still paging through entries delivered to this consumer earlier (its pending list)."""
+        return any(i != ">" for i in self.read_ids.values())
+
     def needs_prompt_read(self) -> bool:
         """Idle with a partial batch and more possibly queued: read without blocking."""
         return not self.busy and len(self.queue) > 0 and not self.drained
@@ -119,6 +123,8 @@ class Worker:
         self._reader_wake = asyncio.Event()
         self._blocking_on: frozenset[str] | None = None
         self._draining = False
+        self._held: set[tuple[str, bytes]] = set()
+        """(stream, entry id) of every entry read and not yet acknowledged."""
         self._reader_client_id: int | None = None
         self._redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
@@ -168,7 +174,7 @@ class Worker:
             started_ms=self.clock.now_ms(),
             models=tuple(m.metadata() for m in models),
         )
-        self._writer = ResultWriter(self._redis)
+        self._writer = ResultWriter(self._redis, on_written=self._release)
         self._advertiser = Advertiser(
             self._redis,
             self.keys,
@@ -262,7 +268,7 @@ class Worker:
                 continue
             streams.update(slot.read_ids)
             count = max(count, n)
-            prompt = prompt or slot.needs_prompt_read() or "0" in slot.read_ids.values()
+            prompt = prompt or slot.needs_prompt_read() or slot.reading_backlog()
         return streams, count, not prompt
 
     def _wake_reader(self) -> None:
@@ -314,6 +320,10 @@ class Worker:
             except _CONNECTION_ERRORS as e:
                 log.warning("read failed, retrying", error=str(e), backoff_s=backoff)
                 self._reader_client_id = None
+                # Redis may have delivered entries whose reply never reached us: they sit in
+                # this consumer's pending list. Read that list again (skipping what we hold).
+                for slot in self.slots.values():
+                    slot.read_ids = dict.fromkeys(slot.streams, "0")
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
@@ -325,6 +335,7 @@ class Worker:
         now = time.monotonic()
         now_ms = self.clock.now_ms()
         got: dict[str, int] = {}
+        last_ids: dict[str, str] = {}
         dead: list[Outgoing] = []
         touched: set[str] = set()
         for raw_stream, entries in reply:
@@ -335,9 +346,17 @@ class Worker:
             if slot is None:
                 continue
             touched.add(slot.model.name)
+            if entries and asked.get(stream, ">") != ">":
+                last = entries[-1][0]
+                last_ids[stream] = last.decode() if isinstance(last, bytes) else last
             for entry_id, fields in entries:
+                if (stream, entry_id) in self._held:
+                    continue  # re-read from our pending list while we still hold it
                 if fields is None:
-                    continue  # deleted while pending (reported by a '0' read)
+                    # Deleted while pending (a pending-list read reports it): nothing to run.
+                    dead.append(Outgoing(stream, entry_id, None))
+                    continue
+                self._held.add((stream, entry_id))
                 payload = fields.get(FIELD)
                 try:
                     if payload is None:
@@ -376,13 +395,19 @@ class Worker:
             if slot.streams[0] not in asked:
                 continue
             for stream in slot.streams:
-                if asked[stream] == "0" and got.get(stream, 0) < count:
-                    slot.read_ids[stream] = ">"  # own backlog drained; now new entries
+                if asked[stream] != ">":
+                    # Reading our own pending list: page through it, then switch to new entries.
+                    done = got.get(stream, 0) < count
+                    slot.read_ids[stream] = ">" if done else last_ids.get(stream, ">")
             slot.drained = all(got.get(s, 0) < count for s in slot.streams)
             if slot.model.name in touched or slot.drained:
                 slot.changed.set()
         if dead and self._writer is not None:
             self._writer.put(dead)
+
+    def _release(self, written: list[Outgoing]) -> None:
+        for out in written:
+            self._held.discard((out.stream, out.entry_id))
 
     # -- running ---------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ pipeline is in flight go out together in the next.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -34,6 +35,7 @@ class Outgoing:
     stream: str
     entry_id: bytes
     payload: bytes | None
+    """The encoded result; None only acknowledges the entry (it was deleted from the stream)."""
     result_key: str | None = None
     ttl_ms: int = 0
     reply_to: str | None = None
@@ -43,8 +45,15 @@ class Outgoing:
 
 
 class ResultWriter:
-    def __init__(self, redis: aioredis.Redis, *, max_backoff_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        on_written: Callable[[list[Outgoing]], None] | None = None,
+        max_backoff_s: float = 5.0,
+    ) -> None:
         self._redis = redis
+        self._on_written = on_written
         self._queue: list[Outgoing] = []
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
@@ -72,6 +81,8 @@ class ResultWriter:
                 try:
                     await self._write(batch)
                     backoff = 0.05
+                    if self._on_written is not None:
+                        self._on_written(batch)
                     break
                 except (RedisConnectionError, RedisTimeoutError, OSError) as e:
                     log.warning("results not written, retrying", error=str(e), backoff_s=backoff)
@@ -96,8 +107,7 @@ class ResultWriter:
                     maxlen=DLQ_MAXLEN,
                     approximate=True,
                 )
-            else:
-                assert out.payload is not None
+            elif out.payload is not None:
                 if out.result_key:
                     pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
                 if out.reply_to:

@@ -33,6 +33,11 @@ def _next_id(entry_id: str) -> str:
     return f"{ms}-{int(seq or 0) + 1}"
 
 
+def _expire(future: asyncio.Future[InferResult]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())
+
+
 class ReplyListener:
     def __init__(
         self,
@@ -63,6 +68,15 @@ class ReplyListener:
         future: asyncio.Future[InferResult] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
         return future
+
+    async def wait(self, future: asyncio.Future[InferResult], timeout_s: float) -> InferResult:
+        """The result, or TimeoutError after ``timeout_s``. One timer per request and no extra
+        task, which is what ``asyncio.wait_for`` would cost on this hot path."""
+        handle = asyncio.get_running_loop().call_later(max(0.0, timeout_s), _expire, future)
+        try:
+            return await future
+        finally:
+            handle.cancel()
 
     def forget(self, request_id: str) -> None:
         self._waiters.pop(request_id, None)

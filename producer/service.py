@@ -8,7 +8,7 @@ on the gateway's reply stream with no further command.
 
 from __future__ import annotations
 
-import asyncio
+import itertools
 import secrets
 import time
 from dataclasses import dataclass
@@ -75,6 +75,10 @@ class InferenceService:
         self.pipeline = pipeline
         self.replies = replies
         self.clock = clock
+        # Unique across gateways (random prefix) and cheap (a counter): these ids route replies
+        # and are never shown to clients, so they need not be secret.
+        self._id_prefix = secrets.token_hex(8)
+        self._ids = itertools.count()
 
     async def model(self, name: str, version: str | None = None) -> tuple[ModelEntry, str]:
         """The model's entry and the concrete version a request goes to; 404 if unknown."""
@@ -142,7 +146,7 @@ class InferenceService:
                     return InferOutcome(body, InferResult.decode(cached), cached=True)
                 except ProtocolError:
                     log.warning("ignoring an undecodable cache entry", key=cache_key)
-        request_id = secrets.token_hex(16)
+        request_id = f"{self._id_prefix}{next(self._ids):x}"
         now_ms = self.clock.now_ms()
         request = InferRequest(
             id=request_id,
@@ -164,7 +168,7 @@ class InferenceService:
             stream = self.keys.stream(name, Lane.for_priority(sched.priority))
             await self._redis("XADD", stream, "*", FIELD, request.encode())
             remaining = sched.timeout_ms / 1000 - (time.monotonic() - started)
-            result = await asyncio.wait_for(future, max(0.0, remaining))
+            result = await self.replies.wait(future, remaining)
         except TimeoutError:
             raise GatewayTimeout(
                 f"model '{name}' did not answer within the request's deadline of "

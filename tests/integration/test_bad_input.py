@@ -1,0 +1,215 @@
+"""Every class of bad input gets a 4xx with a V2 error body a person can act on; never a 500."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+
+ROW = [0.0] * 64
+
+
+def body(inputs=None, **extra):
+    inputs = (
+        inputs
+        if inputs is not None
+        else [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": ROW}]
+    )
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+CASES = [
+    # (name, path, raw body, headers, status, words expected in the error)
+    ("unknown model", "/v2/models/nope/infer", body(), {}, 404, ["unknown model 'nope'"]),
+    ("unknown version", "/v2/models/digits/versions/9/infer", body(), {}, 404, ["no version '9'"]),
+    (
+        "wrong input name",
+        "/v2/models/digits/infer",
+        body([{"name": "pixels", "datatype": "FP32", "shape": [1, 64], "data": ROW}]),
+        {},
+        400,
+        ["pixels"],
+    ),
+    ("missing input", "/v2/models/digits/infer", body([]), {}, 400, ["input"]),
+    (
+        "wrong datatype",
+        "/v2/models/digits/infer",
+        body([{"name": "input", "datatype": "FP64", "shape": [1, 64], "data": ROW}]),
+        {},
+        400,
+        ["FP64", "FP32"],
+    ),
+    (
+        "wrong shape",
+        "/v2/models/digits/infer",
+        body([{"name": "input", "datatype": "FP32", "shape": [1, 63], "data": ROW[:63]}]),
+        {},
+        400,
+        ["[1, 63]", "[-1, 64]"],
+    ),
+    (
+        "shape vs data length",
+        "/v2/models/digits/infer",
+        body([{"name": "input", "datatype": "FP32", "shape": [2, 64], "data": ROW}]),
+        {},
+        400,
+        ["128"],
+    ),
+    (
+        "strings for numbers",
+        "/v2/models/digits/infer",
+        body([{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": ["a"] * 64}]),
+        {},
+        400,
+        ["input"],
+    ),
+    ("not JSON", "/v2/models/digits/infer", b"{nope", {}, 400, ["not valid JSON"]),
+    ("JSON but not an object", "/v2/models/digits/infer", b"[1,2]", {}, 400, ["object"]),
+    (
+        "unknown output",
+        "/v2/models/digits/infer",
+        body(outputs=[{"name": "proba"}]),
+        {},
+        400,
+        ["proba"],
+    ),
+    (
+        "bad timeout parameter",
+        "/v2/models/digits/infer",
+        body(parameters={"timeout": "soon"}),
+        {},
+        400,
+        ["timeout"],
+    ),
+    (
+        "bad priority parameter",
+        "/v2/models/digits/infer",
+        body(parameters={"priority": -1}),
+        {},
+        400,
+        ["priority"],
+    ),
+    (
+        "binary without header length",
+        "/v2/models/digits/infer",
+        body(),
+        {"content-type": "application/octet-stream"},
+        400,
+        ["Inference-Header-Content-Length"],
+    ),
+    (
+        "binary data too short",
+        "/v2/models/digits/infer",
+        body(
+            [
+                {
+                    "name": "input",
+                    "datatype": "FP32",
+                    "shape": [1, 64],
+                    "parameters": {"binary_data_size": 256},
+                }
+            ]
+        )
+        + b"\0" * 10,
+        {"inference-header-content-length": "SELF"},
+        400,
+        ["binary"],
+    ),
+    (
+        "unsupported content type",
+        "/v2/models/digits/infer",
+        body(),
+        {"content-type": "text/plain"},
+        415,
+        ["application/json"],
+    ),
+    (
+        "form-encoded body",
+        "/v2/models/digits/infer",
+        body(),
+        {"content-type": "application/x-www-form-urlencoded"},
+        415,
+        ["Content-Type"],
+    ),
+    (
+        "unsupported encoding",
+        "/v2/models/digits/infer",
+        body(),
+        {"content-encoding": "br"},
+        415,
+        ["br"],
+    ),
+    (
+        "corrupt gzip",
+        "/v2/models/digits/infer",
+        b"not gzip",
+        {"content-encoding": "gzip"},
+        400,
+        ["gzip"],
+    ),
+    ("body too large", "/v2/models/digits/infer", b"x" * 5000, {}, 413, ["limit"]),
+    (
+        "gzip bomb",
+        "/v2/models/digits/infer",
+        gzip.compress(b" " * 100_000),
+        {"content-encoding": "gzip"},
+        413,
+        ["limit"],
+    ),
+    ("unknown endpoint", "/v2/nothing/here", b"", {}, 404, ["no such endpoint"]),
+    ("wrong method", "/v2/models/digits/infer", None, {}, 405, ["not allowed"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "path", "raw", "headers", "status", "words"), CASES, ids=[c[0] for c in CASES]
+)
+def test_bad_input_gets_a_clear_4xx(small_stack, name, path, raw, headers, status, words):
+    headers = dict(headers)
+    if headers.get("inference-header-content-length") == "SELF":
+        headers["inference-header-content-length"] = str(raw.index(b"}]}") + 3)
+    with small_stack.client() as c:
+        if raw is None:
+            r = c.get(path)
+        else:
+            headers.setdefault("content-type", "application/json")
+            r = c.post(path, content=raw, headers=headers)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    for word in words:
+        assert word in error, error
+
+
+@pytest.fixture
+def small_stack(stack):
+    return stack(max_body_bytes=4096)
+
+
+def test_gzip_bodies_are_accepted(small_stack):
+    with small_stack.client() as c:
+        r = c.post(
+            "/v2/models/digits/infer",
+            content=gzip.compress(body()),
+            headers={"content-type": "application/json", "content-encoding": "gzip"},
+        )
+    assert r.status_code == 200, r.text
+
+
+def test_a_model_without_live_workers_answers_503_with_retry_after(stack):
+    s = stack(workers=1)
+    s.workers[0].stop()
+    # The stopped worker withdrew its advertisement; the model stays known.
+    with s.client() as c:
+        from tests.support import wait_until
+
+        wait_until(
+            lambda: c.get("/v2/models/digits/ready").status_code == 503,
+            what="the model to be reported not ready",
+        )
+        r = c.post(
+            "/v2/models/digits/infer", content=body(), headers={"content-type": "application/json"}
+        )
+    assert r.status_code == 503
+    assert "no live worker" in r.json()["error"]
+    assert r.headers["retry-after"] == "5"

@@ -1,0 +1,87 @@
+"""Health, metadata, readiness, and what the gateway costs Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import redis
+
+from tests.support import sim_body, wait_until
+
+
+def test_liveness_and_readiness_follow_redis_and_workers(stack):
+    s = stack(workers=0)
+    with s.client() as c:
+        assert c.get("/v2/health/live").json() == {"live": True}
+        r = c.get("/v2/health/ready")
+        assert r.status_code == 503 and r.json() == {"ready": False}
+        s.add_worker()
+        wait_until(
+            lambda: c.get("/v2/health/ready").status_code == 200,
+            what="readiness once a worker runs",
+        )
+        assert c.get("/v2/health/ready").json() == {"ready": True}
+
+
+def test_server_metadata_lists_the_extensions(stack):
+    with stack().client() as c:
+        meta = c.get("/v2").json()
+    assert meta["name"] == "inferq"
+    assert {"binary_tensor_data", "schedule_policy"} <= set(meta["extensions"])
+
+
+def test_model_metadata_is_what_the_workers_publish(stack):
+    with stack().client() as c:
+        meta = c.get("/v2/models/digits").json()
+        versioned = c.get("/v2/models/digits/versions/1").json()
+        ready = c.get("/v2/models/digits/versions/1/ready")
+    assert meta == versioned
+    assert meta["name"] == "digits" and meta["versions"] == ["1"]
+    assert meta["platform"] == "onnxruntime_onnx"
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+    assert meta["outputs"] == [
+        {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
+        {"name": "label", "datatype": "INT64", "shape": [-1]},
+    ]
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+
+
+def test_waiting_requests_hold_no_redis_connections(stack, redis_url):
+    """1,000 requests waiting at once use the same handful of connections as one does."""
+    s = stack(models=("slow",))
+    gateway = s.gateway.gateway
+    prefix = f"inferq-gateway-{gateway.settings.gateway_id}"
+
+    def gateway_connections() -> int:
+        with redis.Redis.from_url(redis_url) as r:
+            return sum(1 for c in r.client_list() if c["name"].startswith(prefix))
+
+    assert s.infer("slow", sim_body(1)).status_code == 200
+    idle = gateway_connections()
+
+    async def flood(n: int) -> list[int]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        async with httpx.AsyncClient(base_url=s.url, limits=limits, timeout=60) as c:
+
+            async def one(i: int) -> int:
+                r = await c.post(
+                    "/v2/models/slow/infer",
+                    content=json.dumps(sim_body(i)),
+                    headers={"content-type": "application/json"},
+                )
+                return r.status_code
+
+            tasks = [asyncio.create_task(one(i)) for i in range(n)]
+            await asyncio.to_thread(
+                wait_until, lambda: gateway.replies.waiting >= n, 30, f"{n} waiting requests"
+            )
+            busy = await asyncio.to_thread(gateway_connections)
+            statuses = await asyncio.gather(*tasks)
+            return [busy, *statuses]
+
+    busy, *statuses = asyncio.run(flood(1000))
+    assert statuses == [200] * 1000
+    assert busy <= idle + gateway.settings.redis.pool_size
+    assert busy <= 2 + gateway.settings.redis.pool_size

@@ -1,0 +1,73 @@
+"""Worker behaviour that needs a real Redis: its own pending entries, groups, advertisement."""
+
+from __future__ import annotations
+
+import json
+
+import redis
+
+from protocol.keys import GROUP, Keys, Lane
+from protocol.messages import FIELD, InferRequest, InferResult, Status
+from protocol.tensor import Tensor
+from tests.support import wait_until
+
+
+def _request(keys: Keys, request_id: str, now_ms: int) -> InferRequest:
+    import numpy as np
+
+    x = Tensor.from_numpy("x", np.full((1, 4), 2.0, dtype=np.float32))
+    return InferRequest(
+        id=request_id,
+        model="sim",
+        version="1",
+        inputs=[x],
+        outputs=None,
+        deadline_ms=now_ms + 60_000,
+        enqueued_ms=now_ms,
+        result_key=keys.result(request_id),
+        result_ttl_ms=60_000,
+    )
+
+
+def test_a_worker_first_serves_entries_it_was_handed_before_a_restart(stack, redis_url, namespace):
+    """Entries delivered to a consumer whose process died (or whose read reply was lost) are
+    in its pending list; the worker with that name runs them when it starts."""
+    keys = Keys(namespace)
+    stream = keys.stream("sim", Lane.NORMAL)
+    with redis.Redis.from_url(redis_url) as r:
+        now_ms = int(r.time()[0]) * 1000
+        r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        for i in range(3):
+            r.xadd(stream, {FIELD: _request(keys, f"orphan-{i}", now_ms).encode()})
+        r.xreadgroup(GROUP, "w-restarted", {stream: ">"}, count=10)  # delivered, never acked
+        assert r.xpending(stream, GROUP)["pending"] == 3
+        s = stack(workers=0)
+        s.add_worker(("sim",), worker_id="w-restarted")
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 0, what="the backlog acked")
+        for i in range(3):
+            result = InferResult.decode(r.get(keys.result(f"orphan-{i}")))
+            assert result.status is Status.OK
+            assert result.outputs[0].to_numpy().tolist() == [[8.0]]
+
+
+def test_undecodable_entries_go_to_the_dead_letter_stream(stack, redis_url, namespace):
+    keys = Keys(namespace)
+    s = stack(models=("sim",))
+    with redis.Redis.from_url(redis_url) as r:
+        r.xadd(keys.stream("sim", Lane.NORMAL), {FIELD: b"\x93garbage"})
+        wait_until(lambda: r.xlen(keys.dlq("sim")) == 1, what="a dead letter")
+        entry = r.xrange(keys.dlq("sim"))[0][1]
+        assert b"msgpack" in entry[b"reason"] or b"protocol" in entry[b"reason"]
+        assert r.xpending(keys.stream("sim", Lane.NORMAL), GROUP)["pending"] == 0
+    assert s.workers[0].stats.dead_lettered == 1
+
+
+def test_workers_advertise_themselves_and_withdraw_on_exit(stack, redis_url, namespace):
+    keys = Keys(namespace)
+    s = stack(workers=2, models=("sim",))
+    with redis.Redis.from_url(redis_url) as r:
+        assert r.zcard(keys.workers) == 2
+        assert json.dumps(sorted(r.hkeys(keys.models)), default=bytes.decode) == '["sim"]'
+        s.workers[0].stop()
+        assert r.zcard(keys.workers) == 1
+        assert not r.exists(keys.worker(s.workers[0].worker.id))
