@@ -41,15 +41,25 @@ def answers(url: str, timeout_s: float = 0.5) -> bool:
 class RedisServer:
     """Starts ``redis-server`` with no persistence in a temporary folder; ``stop`` removes it."""
 
-    def __init__(self, *, port: int | None = None, binary: str = "redis-server") -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        binary: str = "redis-server",
+        password: str | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
         self.port = port or free_port()
         self.binary = binary
+        self.password = password
+        self.extra_args = extra_args
         self._process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         path = shutil.which(self.binary)
@@ -71,6 +81,8 @@ class RedisServer:
                 self._dir.name,
                 "--loglevel",
                 "warning",
+                *(["--requirepass", self.password] if self.password else []),
+                *self.extra_args,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

@@ -1,0 +1,178 @@
+"""The command line: flags, their environment variables, help, and ``inferq up``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inferq.cli import build_parser, main
+from inferq.redisserver import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_subcommand_has_complete_help(capsys):
+    for argv in (["--help"], ["up", "--help"], ["gateway", "--help"], ["worker", "--help"]):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv, environ={})
+        assert exit_.value.code == 0
+    text = capsys.readouterr().out
+    for flag in (
+        "--redis",
+        "--workers",
+        "--host",
+        "--port",
+        "--model-repository",
+        "--models",
+        "--max-batch",
+        "--flush-ms",
+        "INFERQ_REDIS_URL",
+        "INFERQ_MAX_BATCH",
+    ):
+        assert flag in text
+
+
+def test_environment_variables_set_defaults_and_flags_win():
+    parser = build_parser(
+        {
+            "INFERQ_REDIS_URL": "redis://elsewhere:6380/1",
+            "INFERQ_MAX_BATCH": "8",
+            "INFERQ_FLUSH_MS": "0.5",
+            "INFERQ_MODELS": "digits",
+        }
+    )
+    args = parser.parse_args(["worker"])
+    assert (args.redis_url, args.max_batch, args.flush_ms, args.models) == (
+        "redis://elsewhere:6380/1",
+        8,
+        0.5,
+        "digits",
+    )
+    assert parser.parse_args(["worker", "--max-batch", "4"]).max_batch == 4
+
+
+def test_a_bad_environment_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser({"INFERQ_MAX_BATCH": "lots"})
+    assert exit_.value.code == 2
+    assert "INFERQ_MAX_BATCH" in capsys.readouterr().err
+
+
+def test_worker_with_a_missing_model_exits_with_a_clear_message(tmp_path, capsys):
+    code = main(
+        [
+            "worker",
+            "--redis",
+            "redis://127.0.0.1:1/0",
+            "--model-repository",
+            str(tmp_path),
+            "--models",
+            "nope",
+        ],
+        environ={},
+    )
+    assert code == 2
+    assert "model 'nope' not found" in capsys.readouterr().err
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline and int(pid) != os.getpid():
+            found.append(int(pid))
+    return found
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("INFERQ_REDIS_URL", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "up",
+            "--redis",
+            "redis://127.0.0.1:1/0",
+            "--port",
+            str(port),
+            "--workers",
+            "2",
+            "--log-level",
+            "warning",
+            "--model-repository",
+            str(REPO_ROOT / "models"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=tmp_path,
+    )
+    redis_port = curl = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # bounded by the test timeout
+            if m := re.search(r"private redis-server at redis://127.0.0.1:(\d+)", line):
+                redis_port = m.group(1)
+            if line.strip().startswith("curl "):
+                curl = line.strip()
+                break
+        assert redis_port is not None and curl is not None, "inferq up printed no curl example"
+        body = json.loads(re.search(r"-d '(.*)'$", curl).group(1))
+        r = httpx.post(f"http://127.0.0.1:{port}/v2/models/digits/infer", json=body, timeout=10)
+        assert r.status_code == 200
+        labels = next(o for o in r.json()["outputs"] if o["name"] == "label")["data"]
+        samples = json.loads((REPO_ROOT / "models/digits/samples.json").read_text())
+        assert labels == samples["labels"][:1]
+        # redis-server (its process title) and the gateway and both workers (their --redis).
+        assert len(_processes_mentioning(f"127.0.0.1:{redis_port}")) == 4
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 0
+        if proc.stdout:
+            proc.stdout.close()
+    assert _processes_mentioning(f"127.0.0.1:{redis_port}") == []
+
+
+def test_up_without_redis_says_how_to_install_it(tmp_path):
+    env = _env()
+    env["PATH"] = str(tmp_path)  # no redis-server anywhere on it
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "up",
+            "--redis",
+            "redis://127.0.0.1:1/0",
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "install Redis" in result.stderr
