@@ -131,6 +131,11 @@ class Worker:
         self._writer: ResultWriter | None = None
         self._advertiser: Advertiser | None = None
 
+    @property
+    def holding(self) -> int:
+        """Entries read from Redis and not yet acknowledged (queued, running or being written)."""
+        return len(self._held)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -381,6 +386,7 @@ class Worker:
                     )
                     continue
                 delivery = Delivery(stream, entry_id, request, now_ms, now)
+                slot.idle.clear()
                 slot.queue.push(
                     Queued(
                         delivery,
@@ -418,13 +424,18 @@ class Worker:
             if expired:
                 self._answer_expired(slot, [q.item for q in expired])
                 self._wake_reader()
+            if len(slot.queue):
+                slot.idle.clear()
+            else:
+                slot.idle.set()
             wait = slot.policy.wait_s(
-                slot.queue, now, drained=slot.drained, service_s=slot.service_s
+                slot.queue, now, drained=slot.drained or self._draining, service_s=slot.service_s
             )
             if wait != 0.0:
                 slot.changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(slot.changed.wait(), wait)
+                    async with asyncio.timeout(wait):  # no task per wait, unlike wait_for
+                        await slot.changed.wait()
                 continue
             batch = [q.item for q in slot.queue.take(slot.model.max_batch)]
             slot.busy = True

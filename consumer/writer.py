@@ -2,15 +2,19 @@
 
 For each request: ``SET result_key payload PX ttl NX`` (the key serves the cache and idempotent
 redelivery, and is written only if absent), ``XADD reply_to NOMKSTREAM`` to wake the waiting
-gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), then one
-``XACK`` per stream for all ids. The ack comes after the writes in the same pipeline, so an entry
-is acknowledged only once its result is stored. Flushes coalesce: results finished while one
-pipeline is in flight go out together in the next.
+gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), then
+``XACK``. An entry is acknowledged only after the pipeline holding its result has completed:
+acks wait up to ``ack_delay_s`` (10 ms) or until ``ACK_BATCH`` have gathered, then ride along
+with the next flush's writes, or go alone. Acks are not on any caller's critical path, and
+batching them keeps Redis commands per request low. Flushes coalesce too: results finished
+while one pipeline is in flight go out together in the next.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +30,8 @@ from protocol.messages import FIELD
 log = structlog.get_logger("inferq.worker")
 
 DLQ_MAXLEN = 100_000
+ACK_BATCH = 256
+"""Acknowledge at once when this many entries wait for their XACK."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +56,15 @@ class ResultWriter:
         redis: aioredis.Redis,
         *,
         on_written: Callable[[list[Outgoing]], None] | None = None,
+        ack_delay_s: float = 0.01,
         max_backoff_s: float = 5.0,
     ) -> None:
         self._redis = redis
         self._on_written = on_written
         self._queue: list[Outgoing] = []
+        self._unacked: list[Outgoing] = []
+        self._ack_delay_s = ack_delay_s
+        self._ack_due = 0.0
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -74,26 +84,39 @@ class ResultWriter:
     async def run(self) -> None:
         backoff = 0.05
         while not cancelling():
-            await self._ready.wait()
+            if not self._queue:
+                if self._unacked:
+                    wait = self._ack_due - time.monotonic()
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(max(0.0, wait)):
+                            await self._ready.wait()
+                else:
+                    await self._ready.wait()
             batch, self._queue = self._queue, []
             self._ready.clear()
+            acks: list[Outgoing] = []
+            if len(self._unacked) >= ACK_BATCH or time.monotonic() >= self._ack_due:
+                acks, self._unacked = self._unacked, []
             while not cancelling():
                 try:
-                    await self._write(batch)
+                    await self._write(batch, acks)
                     backoff = 0.05
-                    if self._on_written is not None:
-                        self._on_written(batch)
                     break
                 except (RedisConnectionError, RedisTimeoutError, OSError) as e:
                     log.warning("results not written, retrying", error=str(e), backoff_s=backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._max_backoff_s)
-            if not self._queue:
+            if acks and self._on_written is not None:
+                self._on_written(acks)
+            if batch:
+                if not self._unacked:
+                    self._ack_due = time.monotonic() + self._ack_delay_s
+                self._unacked.extend(batch)
+            if not self._queue and not self._unacked:
                 self._idle.set()
 
-    async def _write(self, batch: list[Outgoing]) -> None:
+    async def _write(self, batch: list[Outgoing], written_before: list[Outgoing]) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        acks: dict[str, list[bytes]] = {}
         for out in batch:
             if out.dead_letter is not None:
                 pipe.xadd(
@@ -112,6 +135,8 @@ class ResultWriter:
                     pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
                 if out.reply_to:
                     pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
+        acks: dict[str, list[bytes]] = {}
+        for out in written_before:
             acks.setdefault(out.stream, []).append(out.entry_id)
         for stream, ids in acks.items():
             pipe.xack(stream, GROUP, *ids)

@@ -26,6 +26,7 @@ def configure(level: str = "info", *, json: bool | None = None) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        # Not cached: loggers follow a later configure() (tests), and no log is on a hot path.
+        cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=max(numeric, logging.WARNING), stream=sys.stderr)

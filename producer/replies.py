@@ -4,14 +4,16 @@ Workers ``XADD`` each result to the stream named in the request; one listener ta
 reads it with a blocking ``XREAD`` on a dedicated connection and resolves the waiting request's
 future. Waiting requests hold no Redis connection: 10,000 waiters cost 10,000 futures and one
 connection. The listener remembers the last id it read, so after a reconnect it continues where
-it stopped and no result is lost; it trims what it has read (``XTRIM MINID``, in the same round
-trip as the next read). The stream carries a TTL that the gateway refreshes; workers write with
-``NOMKSTREAM``, so the stream of a gateway that died expires and is not recreated.
+it stopped and no result is lost; it trims what it has read (``XTRIM MINID``, every thousand
+entries or second, in the same round trip as a read). The stream carries a TTL that the gateway
+refreshes; workers write with ``NOMKSTREAM``, so the stream of a gateway that died expires and is
+not recreated.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,6 +28,8 @@ from protocol.messages import FIELD, InferResult
 log = structlog.get_logger("inferq.gateway")
 
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+TRIM_EVERY = 1000
+TRIM_INTERVAL_S = 1.0
 
 
 def _next_id(entry_id: str) -> str:
@@ -100,12 +104,18 @@ class ReplyListener:
 
     async def run(self) -> None:
         backoff = 0.05
-        trim_from: str | None = None
+        unread_trimmed = 0
+        last_trim = time.monotonic()
         while not cancelling():
+            # Trim what has been read, but only every TRIM_EVERY entries or TRIM_INTERVAL_S:
+            # one XTRIM per read would be a Redis command per few requests for no benefit.
+            trim = unread_trimmed >= TRIM_EVERY or (
+                unread_trimmed and time.monotonic() - last_trim >= TRIM_INTERVAL_S
+            )
             try:
                 pipe = self._reader.pipeline(transaction=False)
-                if trim_from is not None:
-                    pipe.xtrim(self.key, minid=_next_id(trim_from), approximate=False)
+                if trim:
+                    pipe.xtrim(self.key, minid=_next_id(self._last_id), approximate=False)
                 pipe.xread({self.key: self._last_id}, count=self._count, block=self._block_ms)
                 replies = await pipe.execute()
                 self.healthy = True
@@ -118,11 +128,12 @@ class ReplyListener:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            trim_from = None
+            if trim:
+                unread_trimmed, last_trim = 0, time.monotonic()
             for _stream, entries in replies[-1] or []:
                 for entry_id, fields in entries:
                     self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-                    trim_from = self._last_id
+                    unread_trimmed += 1
                     self._resolve(fields)
 
     def _resolve(self, fields: dict[Any, Any]) -> None:

@@ -13,12 +13,20 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 from inferq.redisserver import RedisServer
 from tests.support import GatewayThread, Stack, WorkerThread, write_simulated_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DIGITS = REPO_ROOT / "models" / "digits"
+
+
+@pytest.fixture(autouse=True)
+def _default_logging() -> Iterator[None]:
+    """Entry points configure logging globally; tests that call them must not leak it."""
+    yield
+    structlog.reset_defaults()
 
 
 @pytest.fixture(scope="session")

@@ -58,7 +58,8 @@ def test_undecodable_entries_go_to_the_dead_letter_stream(stack, redis_url, name
         wait_until(lambda: r.xlen(keys.dlq("sim")) == 1, what="a dead letter")
         entry = r.xrange(keys.dlq("sim"))[0][1]
         assert b"msgpack" in entry[b"reason"] or b"protocol" in entry[b"reason"]
-        assert r.xpending(keys.stream("sim", Lane.NORMAL), GROUP)["pending"] == 0
+        stream = keys.stream("sim", Lane.NORMAL)
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 0, what="the entry acked")
     assert s.workers[0].stats.dead_lettered == 1
 
 
@@ -71,3 +72,18 @@ def test_workers_advertise_themselves_and_withdraw_on_exit(stack, redis_url, nam
         s.workers[0].stop()
         assert r.zcard(keys.workers) == 1
         assert not r.exists(keys.worker(s.workers[0].worker.id))
+
+
+def test_stopping_a_worker_finishes_and_answers_what_it_holds(stack):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support import sim_body
+
+    s = stack(models=("slow",))
+    worker = s.workers[0]
+    with ThreadPoolExecutor(4) as pool:
+        pending = [pool.submit(s.infer, "slow", sim_body(i)) for i in range(3)]
+        # One batch runs, the other requests wait in the worker's queue: all three are held.
+        wait_until(lambda: worker.worker.holding == 3, what="the worker to hold all three")
+        worker.stop()  # returns once everything it held is answered and acknowledged
+        assert [f.result().status_code for f in pending] == [200, 200, 200]
