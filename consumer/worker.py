@@ -22,7 +22,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -289,7 +289,7 @@ class Worker:
     async def _unblock_reader(self, client_id: int) -> None:
         assert self._redis is not None
         with contextlib.suppress(*_CONNECTION_ERRORS, ResponseError):
-            await self._redis.execute_command("CLIENT", "UNBLOCK", client_id)
+            await self._redis.client_unblock(client_id)
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
@@ -308,10 +308,10 @@ class Worker:
                     for slot in self.slots.values():
                         if slot.streams[0] in streams:
                             slot.drained = True
-                reply = await self._reader.xreadgroup(
+                reply: Any = await self._reader.xreadgroup(
                     GROUP,
                     self.id,
-                    streams,
+                    cast(Any, streams),
                     count=count,
                     block=self.settings.block_ms if block else None,
                 )

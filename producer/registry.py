@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -86,8 +87,11 @@ class ModelRegistry:
     async def refresh(self) -> None:
         async with self._refreshing:
             try:
-                ids = await self._redis.zrangebyscore(
-                    self._keys.workers, self._clock.now_ms(), "+inf"
+                ids = cast(
+                    list[bytes],
+                    await self._redis.zrangebyscore(
+                        self._keys.workers, self._clock.now_ms(), "+inf"
+                    ),
                 )
                 pipe = self._redis.pipeline(transaction=False)
                 if ids:
