@@ -1,0 +1,46 @@
+# The two commands of the README: `make run` and `make test`. Each creates the virtual
+# environment and installs what it needs on first use.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test lint bench-core model clean
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.run: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.dev: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@ $(VENV)/.run
+
+## run: start Redis (if none answers), the gateway and a worker serving the example model
+run: $(VENV)/.run
+	$(BIN)/inferq up $(ARGS)
+
+## test: lint, then the whole test suite (it starts its own redis-server)
+test: $(VENV)/.dev
+	./scripts/ensure-redis
+	$(BIN)/ruff check .
+	$(BIN)/pytest $(ARGS)
+
+lint: $(VENV)/.dev
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy protocol producer consumer inferq
+
+## bench-core: the issue #2 benchmark (digits through inferq up vs in-process)
+bench-core: $(VENV)/.dev
+	$(BIN)/python bench/core.py $(ARGS)
+
+## model: retrain and re-export the digits example model
+model: $(VENV)/.dev
+	$(BIN)/python models/digits/train.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache bench/results
