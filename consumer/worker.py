@@ -26,6 +26,7 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -35,12 +36,13 @@ from consumer.batcher import BatchPolicy, BatchQueue, Queued
 from consumer.model import ServedModel, batch_group, rows_of
 from consumer.repository import list_models, load_config
 from consumer.settings import WorkerSettings
-from consumer.writer import Outgoing, ResultWriter
+from consumer.writer import JobUpdate, Outgoing, ResultWriter
 from inferq.aio import cancelling
 from inferq.connections import RedisClock, blocking_client, command_client, redact
 from protocol import ProtocolError
+from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys
-from protocol.messages import FIELD, InferRequest, InferResult, Status, Timings
+from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status, Timings
 from protocol.registry import WorkerInfo
 
 log = structlog.get_logger("inferq.worker")
@@ -70,6 +72,8 @@ class WorkerStats:
     expired: int = 0
     failed: int = 0
     dead_lettered: int = 0
+    skipped_jobs: int = 0
+    """Jobs read but not run: cancelled, expired or already finished."""
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     executed: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
     """Ids of recently executed requests, newest last."""
@@ -129,6 +133,7 @@ class Worker:
         self._redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
         self._writer: ResultWriter | None = None
+        self._transition: AsyncScript | None = None
         self._advertiser: Advertiser | None = None
 
     @property
@@ -179,7 +184,13 @@ class Worker:
             started_ms=self.clock.now_ms(),
             models=tuple(m.metadata() for m in models),
         )
-        self._writer = ResultWriter(self._redis, on_written=self._release)
+        self._transition = self._redis.register_script(TRANSITION_SCRIPT)
+        self._writer = ResultWriter(
+            self._redis,
+            job_events=self.keys.job_events,
+            transition=self._transition,
+            on_written=self._release,
+        )
         self._advertiser = Advertiser(
             self._redis,
             self.keys,
@@ -437,14 +448,59 @@ class Worker:
                     async with asyncio.timeout(wait):  # no task per wait, unlike wait_for
                         await slot.changed.wait()
                 continue
-            batch = [q.item for q in slot.queue.take(slot.model.max_batch)]
             slot.busy = True
             self._wake_reader()
             try:
-                await self._run_batch(slot, batch)
+                batch = await self._claim_jobs(slot, slot.queue.take(slot.model.max_batch))
+                if batch:
+                    await self._run_batch(slot, batch)
             finally:
                 slot.busy = False
                 self._wake_reader()
+
+    async def _claim_jobs(self, slot: ModelSlot, batch: list[Queued[Delivery]]) -> list[Delivery]:
+        """Mark the batch's async jobs running; drop those cancelled or expired meanwhile.
+
+        The check and the change are one atomic script, so a job cancelled before this point is
+        never run, and a job claimed here can no longer be cancelled.
+        """
+        jobs = [q for q in batch if q.item.request.kind is Kind.JOB]
+        if not jobs:
+            return [q.item for q in batch]
+        assert self._transition is not None
+        try:
+            before = await self._transition(
+                keys=[self.keys.job(q.item.request.id) for q in jobs],
+                args=[
+                    JobStatus.QUEUED.value,
+                    *transition_args(JobStatus.RUNNING, started_ms=self.clock.now_ms()),
+                ],
+            )
+        except _CONNECTION_ERRORS as e:
+            log.warning("could not claim jobs, will retry", error=str(e))
+            for q in jobs:
+                slot.queue.push(q)
+            return [q.item for q in batch if q.item.request.kind is not Kind.JOB]
+        skipped: set[int] = set()
+        for q, status in zip(jobs, before, strict=True):
+            if status != JobStatus.QUEUED.value.encode():
+                skipped.add(id(q))
+                r = q.item.request
+                log.info(
+                    "job not run",
+                    job_id=r.id,
+                    model=r.model,
+                    version=r.version,
+                    status=status.decode() if status else "missing",
+                    traceparent=r.traceparent,
+                )
+                self.stats.skipped_jobs += 1
+        if skipped:
+            assert self._writer is not None
+            self._writer.put(
+                [Outgoing(q.item.stream, q.item.entry_id, None) for q in jobs if id(q) in skipped]
+            )
+        return [q.item for q in batch if id(q) not in skipped]
 
     async def _run_batch(self, slot: ModelSlot, batch: list[Delivery]) -> None:
         loop = asyncio.get_running_loop()
@@ -473,9 +529,45 @@ class Worker:
                     traceparent=d.request.traceparent,
                 )
             timed = _with_timings(result, d, started, batch_size=len(batch))
-            out.append(_outgoing(d, timed))
+            out.append(self._outgoing(d, timed))
         assert self._writer is not None
         self._writer.put(out)
+
+    def _outgoing(self, d: Delivery, result: InferResult) -> Outgoing:
+        r = d.request
+        payload = result.encode()
+        if r.kind is Kind.JOB:
+            return Outgoing(d.stream, d.entry_id, payload, job=self._job_update(r, result, payload))
+        return Outgoing(
+            d.stream,
+            d.entry_id,
+            payload,
+            # Only successes are stored: the result key doubles as the cache entry.
+            result_key=r.result_key if result.status is Status.OK else None,
+            ttl_ms=r.result_ttl_ms,
+            reply_to=r.reply_to,
+        )
+
+    def _job_update(self, r: InferRequest, result: InferResult, payload: bytes) -> JobUpdate:
+        now = self.clock.now_ms()
+        if result.status is Status.OK:
+            required, args = (
+                JobStatus.RUNNING,
+                transition_args(JobStatus.SUCCEEDED, finished_ms=now, result=payload),
+            )
+        elif result.status is Status.EXPIRED:
+            required, args = (
+                JobStatus.QUEUED,
+                transition_args(
+                    JobStatus.EXPIRED, finished_ms=now, error=result.error or "expired"
+                ),
+            )
+        else:
+            required, args = (
+                JobStatus.RUNNING,
+                transition_args(JobStatus.FAILED, finished_ms=now, error=result.error or "failed"),
+            )
+        return JobUpdate(self.keys.job(r.id), r.id, required, args, r.result_ttl_ms)
 
     def _answer_expired(self, slot: ModelSlot, deliveries: list[Delivery]) -> None:
         self.stats.expired += len(deliveries)
@@ -498,22 +590,9 @@ class Worker:
                 error=f"deadline passed after {max(0, d.read_ms - r.enqueued_ms)} ms in the queue "
                 "before a worker could run the request",
             )
-            out.append(_outgoing(d, result, store=False))
+            out.append(self._outgoing(d, result))
         assert self._writer is not None
         self._writer.put(out)
-
-
-def _outgoing(d: Delivery, result: InferResult, *, store: bool = True) -> Outgoing:
-    r = d.request
-    return Outgoing(
-        d.stream,
-        d.entry_id,
-        result.encode(),
-        # Only successes are stored: the result key doubles as the cache entry.
-        result_key=r.result_key if store and result.status is Status.OK else None,
-        ttl_ms=r.result_ttl_ms,
-        reply_to=r.reply_to,
-    )
 
 
 def _with_timings(

@@ -20,18 +20,34 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 import structlog
+from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from inferq.aio import cancelling
+from protocol.jobs import JobStatus
 from protocol.keys import GROUP
 from protocol.messages import FIELD
 
 log = structlog.get_logger("inferq.worker")
 
 DLQ_MAXLEN = 100_000
+JOB_EVENTS_MAXLEN = 100_000
+"""Gateways read job events as they come; the stream only needs to cover a reconnect."""
 ACK_BATCH = 256
 """Acknowledge at once when this many entries wait for their XACK."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobUpdate:
+    """Move a job record from one status to another (atomically, see ``protocol.jobs``),
+    refresh its TTL, and announce it on the job events stream."""
+
+    key: str
+    job_id: str
+    required: JobStatus
+    args: list[str | bytes | int]
+    ttl_ms: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +61,7 @@ class Outgoing:
     result_key: str | None = None
     ttl_ms: int = 0
     reply_to: str | None = None
+    job: JobUpdate | None = None
     dead_letter: str | None = None
     """A dead-letter stream to move the raw entry to instead (undecodable entries)."""
     reason: str = ""
@@ -55,11 +72,15 @@ class ResultWriter:
         self,
         redis: aioredis.Redis,
         *,
+        job_events: str = "",
+        transition: AsyncScript | None = None,
         on_written: Callable[[list[Outgoing]], None] | None = None,
         ack_delay_s: float = 0.01,
         max_backoff_s: float = 5.0,
     ) -> None:
         self._redis = redis
+        self._job_events = job_events
+        self._transition = transition
         self._on_written = on_written
         self._queue: list[Outgoing] = []
         self._unacked: list[Outgoing] = []
@@ -135,6 +156,19 @@ class ResultWriter:
                     pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
                 if out.reply_to:
                     pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
+            if out.job is not None:
+                assert self._transition is not None
+                job = out.job
+                await self._transition(
+                    keys=[job.key], args=[job.required.value, *job.args], client=pipe
+                )
+                pipe.pexpire(job.key, max(1, job.ttl_ms))
+                pipe.xadd(
+                    self._job_events,
+                    {b"job": job.job_id},
+                    maxlen=JOB_EVENTS_MAXLEN,
+                    approximate=True,
+                )
         acks: dict[str, list[bytes]] = {}
         for out in written_before:
             acks.setdefault(out.stream, []).append(out.entry_id)

@@ -111,6 +111,34 @@ def _gateway_flags(e: _Env) -> None:
         help="cap on any request's deadline",
     )
     e.add(
+        "--job-ttl",
+        env="INFERQ_JOB_TTL",
+        type=_positive_int,
+        default=86_400,
+        help="seconds job records and results are kept",
+    )
+    e.add(
+        "--job-timeout-s",
+        env="INFERQ_JOB_TIMEOUT_S",
+        type=_positive_int,
+        default=3_600,
+        help="a job's deadline when the request names no timeout",
+    )
+    e.add(
+        "--max-job-backlog",
+        env="INFERQ_MAX_JOB_BACKLOG",
+        type=_positive_int,
+        default=100_000,
+        help="per model: job submissions beyond this many queued requests get 429",
+    )
+    e.add(
+        "--max-job-wait-s",
+        env="INFERQ_MAX_JOB_WAIT_S",
+        type=_non_negative_float,
+        default=60.0,
+        help="longest long poll on GET /v2/jobs/{id}?wait=",
+    )
+    e.add(
         "--result-ttl-s",
         env="INFERQ_RESULT_TTL_S",
         type=_positive_int,
@@ -238,6 +266,10 @@ def run_gateway(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_timeout_ms=args.max_timeout_ms,
         result_ttl_s=args.result_ttl_s,
+        job_ttl_s=args.job_ttl,
+        job_timeout_s=args.job_timeout_s,
+        max_job_backlog=args.max_job_backlog,
+        max_job_wait_s=args.max_job_wait_s,
         log_level=args.log_level,
     )
     uvicorn.run(

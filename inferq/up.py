@@ -82,6 +82,14 @@ def _gateway_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
         str(args.max_timeout_ms),
         "--result-ttl-s",
         str(args.result_ttl_s),
+        "--job-ttl",
+        str(args.job_ttl),
+        "--job-timeout-s",
+        str(args.job_timeout_s),
+        "--max-job-backlog",
+        str(args.max_job_backlog),
+        "--max-job-wait-s",
+        str(args.max_job_wait_s),
     ]
 
 

@@ -24,12 +24,14 @@ from producer.errors import (
     UnsupportedMediaType,
 )
 from producer.gateway import Gateway
+from producer.jobs import render as render_job
 from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response
+from protocol.jobs import JobRecord
 
 log = structlog.get_logger("inferq.gateway")
 
-EXTENSIONS = ["binary_tensor_data", "schedule_policy", "model_repository(read-only metadata)"]
+EXTENSIONS = ["binary_tensor_data", "schedule_policy", "async_jobs"]
 JSON_TYPES = ("application/json",)
 BINARY_TYPES = ("application/octet-stream",)
 _trace_ids = random.Random()
@@ -192,6 +194,55 @@ async def infer(request: Request) -> Response:
     return Response(body, media_type="application/octet-stream", headers=headers)
 
 
+def _job_response(
+    record: JobRecord, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    body, json_length = render_job(record)
+    headers = dict(headers or {})
+    if json_length is None:
+        return Response(body, status_code, headers, media_type="application/json")
+    headers["inference-header-content-length"] = str(json_length)
+    return Response(body, status_code, headers, media_type="application/octet-stream")
+
+
+async def submit_job(request: Request) -> Response:
+    gateway = _gateway(request)
+    p = request.path_params
+    header_length = _header_length(request)
+    raw = await _read_body(request, gateway.settings.max_body_bytes)
+    trace = _traceparent(request)
+    submitted = await gateway.jobs.submit(
+        p["model"],
+        p.get("version"),
+        raw,
+        header_length,
+        idempotency_key=request.headers.get("idempotency-key"),
+        traceparent=trace,
+    )
+    record = submitted.record
+    headers = {"location": f"/v2/jobs/{record.id}", "traceparent": trace}
+    if submitted.replayed:
+        headers["idempotent-replayed"] = "true"
+    return _job_response(record, 202, headers)
+
+
+async def get_job(request: Request) -> Response:
+    raw_wait = request.query_params.get("wait", "0")
+    try:
+        wait_s = float(raw_wait)
+    except ValueError:
+        raise BadRequest(f"'wait' must be a number of seconds, got {raw_wait!r}") from None
+    if not wait_s >= 0:
+        raise BadRequest("'wait' must be a non-negative number of seconds")
+    record = await _gateway(request).jobs.get(request.path_params["job"], wait_s)
+    return _job_response(record)
+
+
+async def cancel_job(request: Request) -> Response:
+    record = await _gateway(request).jobs.cancel(request.path_params["job"])
+    return _job_response(record)
+
+
 async def gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     headers = {}
@@ -228,6 +279,9 @@ def routes() -> list[Route]:
         *(Route(base, model_metadata) for base in (model, versioned)),
         *(Route(base + "/ready", model_ready) for base in (model, versioned)),
         *(Route(base + "/infer", infer, methods=["POST"]) for base in (model, versioned)),
+        *(Route(base + "/jobs", submit_job, methods=["POST"]) for base in (model, versioned)),
+        Route("/v2/jobs/{job}", get_job, methods=["GET"]),
+        Route("/v2/jobs/{job}", cancel_job, methods=["DELETE"]),
     ]
 
 

@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from inferq.aio import cancelling
 from inferq.connections import RedisClock, blocking_client, command_client, redact
 from producer.errors import ServiceUnavailable
+from producer.jobs import JobService
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelRegistry
 from producer.replies import ReplyListener
@@ -50,10 +51,12 @@ class Gateway:
             self.keys.replies(s.gateway_id),
             block_ms=s.reply_block_ms,
             ttl_s=max(60.0, 6 * s.heartbeat_s),
+            job_events=self.keys.job_events,
         )
         self.service = InferenceService(
             s, self.keys, self.registry, self.pipeline, self.replies, self.clock
         )
+        self.jobs = JobService(s, self.service)
         try:
             await self.clock.sync(self.redis)
             await self.replies.keepalive()

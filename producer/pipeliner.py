@@ -19,6 +19,7 @@ class AutoPipeline:
     def __init__(
         self, redis: aioredis.Redis, *, max_in_flight: int = 2, max_batch: int = 512
     ) -> None:
+        self.redis = redis
         self._redis = redis
         self._queue: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]] = []
         self._slots = asyncio.Semaphore(max_in_flight)

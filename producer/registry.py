@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from inferq.aio import cancelling
 from inferq.connections import RedisClock
 from protocol import ProtocolError
-from protocol.keys import Keys
+from protocol.keys import GROUP, Keys
 from protocol.registry import ModelMetadata, WorkerInfo
 
 log = structlog.get_logger("inferq.gateway")
@@ -79,6 +79,16 @@ class ModelRegistry:
         self.redis_ok = False
         self._last_refresh = 0.0
         self._refreshing: asyncio.Lock = asyncio.Lock()
+        self._backlog: dict[str, int] = {}
+        self._queued_since: dict[str, int] = {}
+
+    def backlog(self, model: str) -> int:
+        """Requests queued for the model and not yet read by any worker: the consumer group's
+        lag over its streams at the last refresh, plus what this gateway queued since."""
+        return self._backlog.get(model, 0) + self._queued_since.get(model, 0)
+
+    def note_queued(self, model: str) -> None:
+        self._queued_since[model] = self._queued_since.get(model, 0) + 1
 
     @property
     def live_workers(self) -> int:
@@ -113,6 +123,28 @@ class ModelRegistry:
                 except ProtocolError:
                     continue
             self.models = merge(workers, known)
+            self._queued_since = {}
+            await self._refresh_backlog()
+
+    async def _refresh_backlog(self) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        names = sorted(self.models)
+        for name in names:
+            for stream in self._keys.streams(name):
+                pipe.xlen(stream)
+                pipe.xinfo_groups(stream)
+        try:
+            replies = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError):
+            return
+        backlog: dict[str, int] = {}
+        for i, name in enumerate(names):
+            total = 0
+            for j in range(len(self._keys.streams(name))):
+                length, groups = replies[2 * (i * 3 + j)], replies[2 * (i * 3 + j) + 1]
+                total += _lag(length, groups)
+            backlog[name] = total
+        self._backlog = backlog
 
     async def run(self) -> None:
         while not cancelling():
@@ -127,6 +159,21 @@ class ModelRegistry:
             await self.refresh()
             entry = self.models.get(name)
         return entry
+
+
+def _lag(length: object, groups: object) -> int:
+    """Entries not yet delivered to the workers' group; the whole stream when no group exists
+    yet (no worker ever started) or Redis cannot say (lag is null after deletions)."""
+    if not isinstance(length, int):
+        return 0
+    if not isinstance(groups, list):
+        return length
+    for group in groups:
+        name = group.get("name")
+        if name in (GROUP, GROUP.encode()):
+            lag = group.get("lag")
+            return int(lag) if isinstance(lag, int) else length
+    return length
 
 
 def _worker(raw: bytes) -> WorkerInfo | None:

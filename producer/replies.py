@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -37,6 +37,10 @@ def _next_id(entry_id: str) -> str:
     return f"{ms}-{int(seq or 0) + 1}"
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _expire(future: asyncio.Future[InferResult]) -> None:
     if not future.done():
         future.set_exception(TimeoutError())
@@ -51,6 +55,7 @@ class ReplyListener:
         *,
         block_ms: int,
         ttl_s: float,
+        job_events: str | None = None,
         count: int = 1000,
     ) -> None:
         self._reader = reader
@@ -61,6 +66,9 @@ class ReplyListener:
         self._count = count
         self._waiters: dict[str, asyncio.Future[InferResult]] = {}
         self._last_id = "$"
+        self.job_events = job_events
+        self._events_id: str | None = None
+        self._job_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.healthy = False
 
     @property
@@ -82,6 +90,22 @@ class ReplyListener:
         finally:
             handle.cancel()
 
+    def expect_job(self, job_id: str) -> asyncio.Future[None]:
+        """A future resolved when any worker or gateway announces that the job changed.
+
+        Register before reading the job record, so a change between the read and the wait is
+        not missed."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._job_waiters.setdefault(job_id, set()).add(future)
+        return future
+
+    def forget_job(self, job_id: str, future: asyncio.Future[None]) -> None:
+        waiters = self._job_waiters.get(job_id)
+        if waiters is not None:
+            waiters.discard(future)
+            if not waiters:
+                del self._job_waiters[job_id]
+
     def forget(self, request_id: str) -> None:
         self._waiters.pop(request_id, None)
 
@@ -90,9 +114,13 @@ class ReplyListener:
         pipe = self._commands.pipeline(transaction=False)
         pipe.xadd(self.key, {b"keepalive": b"1"})
         pipe.pexpire(self.key, self._ttl_ms)
-        entry_id, _ = await pipe.execute()
+        if self.job_events is not None and self._events_id is None:
+            pipe.xrevrange(self.job_events, count=1)
+        replies = await pipe.execute()
         if self._last_id == "$":
-            self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+            self._last_id = _text(replies[0])
+        if self.job_events is not None and self._events_id is None:
+            self._events_id = _text(replies[2][0][0]) if replies[2] else "0-0"
 
     async def run_keepalive(self, interval_s: float) -> None:
         while not cancelling():
@@ -116,7 +144,10 @@ class ReplyListener:
                 pipe = self._reader.pipeline(transaction=False)
                 if trim:
                     pipe.xtrim(self.key, minid=_next_id(self._last_id), approximate=False)
-                pipe.xread({self.key: self._last_id}, count=self._count, block=self._block_ms)
+                streams = {self.key: self._last_id}
+                if self.job_events is not None and self._events_id is not None:
+                    streams[self.job_events] = self._events_id
+                pipe.xread(cast(Any, streams), count=self._count, block=self._block_ms)
                 replies = await pipe.execute()
                 self.healthy = True
                 backoff = 0.05
@@ -130,11 +161,22 @@ class ReplyListener:
                 continue
             if trim:
                 unread_trimmed, last_trim = 0, time.monotonic()
-            for _stream, entries in replies[-1] or []:
+            for stream, entries in replies[-1] or []:
+                if _text(stream) == self.job_events:
+                    self._events_id = _text(entries[-1][0])
+                    for _, fields in entries:
+                        self._job_changed(fields)
+                    continue
                 for entry_id, fields in entries:
-                    self._last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    self._last_id = _text(entry_id)
                     unread_trimmed += 1
                     self._resolve(fields)
+
+    def _job_changed(self, fields: dict[Any, Any]) -> None:
+        job_id = fields.get(b"job")
+        for future in self._job_waiters.pop(_text(job_id), ()) if job_id else ():
+            if not future.done():
+                future.set_result(None)
 
     def _resolve(self, fields: dict[Any, Any]) -> None:
         payload = fields.get(FIELD)

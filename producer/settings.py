@@ -31,4 +31,12 @@ class GatewaySettings:
     reply_block_ms: int = 2000
     heartbeat_s: float = 5.0
     """How often the gateway refreshes its reply stream's TTL."""
+    job_ttl_s: int = 86_400
+    """How long job records and results are kept (``--job-ttl``)."""
+    job_timeout_s: int = 3_600
+    """A job's deadline when the request names no ``timeout``."""
+    max_job_backlog: int = 100_000
+    """Per model: job submissions beyond this many queued requests get 429."""
+    max_job_wait_s: float = 60.0
+    """Upper bound on ``GET /v2/jobs/{id}?wait=``."""
     log_level: str = "info"

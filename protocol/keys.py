@@ -9,8 +9,9 @@ Layout (namespace ``inferq`` by default)::
     {ns}:workers                  zset: worker id -> heartbeat expiry (Redis-clock ms)
     {ns}:worker:{worker}          one worker's advertisement (models it serves), with a TTL
     {ns}:models                   hash: model name -> last published metadata
-    {ns}:job:{id}                 async job state (reserved for the jobs API)
-    {ns}:idempotency:{key}        idempotency-key -> job id (reserved for the jobs API)
+    {ns}:job:{id}                 async job record (hash, see protocol.jobs), with a TTL
+    {ns}:idempotency:{model}:{key}   Idempotency-Key of a job submission -> job id, with a TTL
+    {ns}:jobevents                stream of finished job ids, read by every gateway
     {ns}:dlq:{model}              dead-letter stream per model (reserved for fault handling)
 
 Model names and versions are validated by the gateway and the model repository before they are
@@ -106,8 +107,12 @@ class Keys:
     def job(self, job_id: str) -> str:
         return f"{self.namespace}:job:{job_id}"
 
-    def idempotency(self, key: str) -> str:
-        return f"{self.namespace}:idempotency:{key}"
+    def idempotency(self, model: str, key: str) -> str:
+        return f"{self.namespace}:idempotency:{model}:{key}"
+
+    @property
+    def job_events(self) -> str:
+        return f"{self.namespace}:jobevents"
 
     def dlq(self, model: str) -> str:
         return f"{self.namespace}:dlq:{model}"

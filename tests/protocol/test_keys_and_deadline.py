@@ -34,7 +34,8 @@ def _every_key(keys: Keys) -> list[str]:
         keys.worker("w-1"),
         keys.models,
         keys.job("j1"),
-        keys.idempotency("k1"),
+        keys.idempotency("m1", "k1"),
+        keys.job_events,
         keys.dlq("digits"),
     ]
 
@@ -56,7 +57,7 @@ def test_keys_follow_the_documented_layout() -> None:
     assert keys.worker("w") == "inferq:worker:w"
     assert keys.models == "inferq:models"
     assert keys.job("j") == "inferq:job:j"
-    assert keys.idempotency("i") == "inferq:idempotency:i"
+    assert keys.idempotency("m", "i") == "inferq:idempotency:m:i"
     assert keys.dlq("m") == "inferq:dlq:m"
     assert GROUP == "workers"
 

@@ -1,0 +1,114 @@
+"""Async jobs: the record kept in Redis for each job, and its legal state changes.
+
+A job record is a Redis hash under ``Keys.job(id)``; ``JobRecord`` is its one codec. A job moves
+``queued -> running -> succeeded | failed``, or ``queued -> cancelled | expired``. Every
+conditional move goes through ``TRANSITION_SCRIPT`` (atomic in Redis), so a cancel and a worker
+starting the job cannot both win: whichever runs first decides, and the model never runs a job
+that was cancelled or had expired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from protocol.errors import ProtocolError
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+    @property
+    def final(self) -> bool:
+        return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+TRANSITION_SCRIPT = """
+-- KEYS: job records. ARGV[1]: required current status, ARGV[2]: new status,
+-- ARGV[3..]: field/value pairs to set with it. Returns each record's status before the call
+-- (false where the record does not exist); records not in ARGV[1] are left alone.
+local out = {}
+for i, key in ipairs(KEYS) do
+  local status = redis.call('HGET', key, 'status')
+  out[i] = status
+  if status == ARGV[1] then
+    redis.call('HSET', key, 'status', ARGV[2], unpack(ARGV, 3))
+  end
+end
+return out
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """One job as stored. Times are milliseconds on the Redis clock; 0 means not yet."""
+
+    id: str
+    model: str
+    version: str
+    status: JobStatus
+    created_ms: int
+    deadline_ms: int
+    started_ms: int = 0
+    finished_ms: int = 0
+    client_id: str = ""
+    binary_outputs: tuple[str, ...] = ()
+    """Outputs the submitter asked to get back as binary data."""
+    binary_all: bool = False
+    result: bytes = b""
+    """The encoded ``InferResult`` once succeeded."""
+    error: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def to_fields(self) -> dict[str, str | bytes | int]:
+        return {
+            "id": self.id,
+            "model": self.model,
+            "version": self.version,
+            "status": self.status.value,
+            "created_ms": self.created_ms,
+            "deadline_ms": self.deadline_ms,
+            "started_ms": self.started_ms,
+            "finished_ms": self.finished_ms,
+            "client_id": self.client_id,
+            "binary_outputs": ",".join(self.binary_outputs),
+            "binary_all": int(self.binary_all),
+            "result": self.result,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_fields(cls, raw: dict[bytes, bytes]) -> JobRecord:
+        try:
+            f = {k.decode(): v for k, v in raw.items()}
+            text = {k: v.decode() for k, v in f.items() if k != "result"}
+            return cls(
+                id=text["id"],
+                model=text["model"],
+                version=text["version"],
+                status=JobStatus(text["status"]),
+                created_ms=int(text["created_ms"]),
+                deadline_ms=int(text["deadline_ms"]),
+                started_ms=int(text.get("started_ms", 0)),
+                finished_ms=int(text.get("finished_ms", 0)),
+                client_id=text.get("client_id", ""),
+                binary_outputs=tuple(o for o in text.get("binary_outputs", "").split(",") if o),
+                binary_all=text.get("binary_all", "0") == "1",
+                result=f.get("result", b""),
+                error=text.get("error", ""),
+            )
+        except (KeyError, ValueError, UnicodeDecodeError, AttributeError) as e:
+            raise ProtocolError(f"job record is malformed: {e!r}") from e
+
+
+def transition_args(new: JobStatus, **fields: str | bytes | int) -> list[str | bytes | int]:
+    """ARGV tail for ``TRANSITION_SCRIPT``: the new status and the fields to set with it."""
+    args: list[str | bytes | int] = [new.value]
+    for name, value in fields.items():
+        args += [name, value]
+    return args
