@@ -41,11 +41,20 @@ class BatchQueue(Generic[T]):
     """Requests read but not yet run, in priority order and, within a lane, first come first."""
 
     lanes: int = 3
+    background_from: int | None = None
+    """Lanes from this index on are background work: their requests never join a batch whose
+    head comes from a higher lane, so a synchronous request does not pay for a bulk job's rows."""
     _lanes: list[deque[Queued[T]]] = field(init=False)
     rows: int = field(init=False, default=0)
+    _lane_rows: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self._lanes = [deque() for _ in range(self.lanes)]
+        self._lane_rows = [0] * self.lanes
+
+    def rows_through(self, lane: int) -> int:
+        """Rows queued in this lane and every higher-priority one."""
+        return sum(self._lane_rows[: lane + 1])
 
     def __len__(self) -> int:
         return sum(len(q) for q in self._lanes)
@@ -57,6 +66,7 @@ class BatchQueue(Generic[T]):
     def push(self, queued: Queued[T]) -> None:
         self._lanes[queued.lane].append(queued)
         self.rows += queued.rows
+        self._lane_rows[queued.lane] += queued.rows
 
     def oldest_arrival(self) -> float | None:
         return min((q.arrived for q in self), default=None)
@@ -74,13 +84,17 @@ class BatchQueue(Generic[T]):
             return []
         batch: list[Queued[T]] = []
         rows = 0
-        for lane in self._lanes:
+        background = self.background_from
+        for index, lane in enumerate(self._lanes):
+            if background is not None and head.lane < background <= index:
+                break
             kept: deque[Queued[T]] = deque()
             while lane:
                 q = lane.popleft()
                 if q.group == head.group and (not batch or rows + q.rows <= max_rows):
                     batch.append(q)
                     rows += q.rows
+                    self._lane_rows[index] -= q.rows
                 else:
                     kept.append(q)
             lane.extend(kept)
@@ -92,7 +106,9 @@ class BatchQueue(Generic[T]):
         for i, lane in enumerate(self._lanes):
             live = deque(q for q in lane if q.deadline > now)
             if len(live) != len(lane):
-                expired.extend(q for q in lane if q.deadline <= now)
+                gone = [q for q in lane if q.deadline <= now]
+                expired.extend(gone)
+                self._lane_rows[i] -= sum(q.rows for q in gone)
                 self._lanes[i] = live
         self.rows -= sum(q.rows for q in expired)
         return expired

@@ -41,7 +41,7 @@ from inferq.aio import cancelling
 from inferq.connections import RedisClock, blocking_client, command_client, redact
 from protocol import ProtocolError
 from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
-from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status, Timings
 from protocol.registry import WorkerInfo
 
@@ -86,7 +86,9 @@ class ModelSlot:
         self.model = model
         self.streams = keys.streams(model.name)
         self.lane_of = {s: i for i, s in enumerate(self.streams)}
-        self.queue: BatchQueue[Delivery] = BatchQueue(lanes=len(LANES_BY_PRIORITY))
+        self.queue: BatchQueue[Delivery] = BatchQueue(
+            lanes=len(LANES_BY_PRIORITY), background_from=LANES_BY_PRIORITY.index(Lane.LOW)
+        )
         self.policy = BatchPolicy(model.max_batch, model.flush_s)
         self.read_ids = dict.fromkeys(self.streams, "0")
         """'0' first: drain entries this consumer already holds from an earlier life."""
@@ -100,9 +102,12 @@ class ModelSlot:
         """Set while nothing is queued or running: what a drain waits for."""
         self.idle.set()
 
-    def wanted_count(self) -> int:
-        """Entries to ask for per stream: enough to fill the next batch."""
-        return max(0, self.model.max_batch - self.queue.rows)
+    def wanted_count(self, lane: int | None = None) -> int:
+        """Entries to ask for: enough to fill the next batch. Per lane, only what is queued in
+        that lane and above counts, so a worker full of background jobs still reads the
+        synchronous lanes."""
+        rows = self.queue.rows if lane is None else self.queue.rows_through(lane)
+        return max(0, self.model.max_batch - rows)
 
     def reading_backlog(self) -> bool:
         """Still paging through entries delivered to this consumer earlier (its pending list)."""
@@ -278,12 +283,13 @@ class Worker:
         count = 0
         prompt = False
         for slot in self.slots.values():
-            n = slot.wanted_count()
-            if n == 0:
+            wanted = {s: slot.wanted_count(lane) for s, lane in slot.lane_of.items()}
+            included = [s for s, n in wanted.items() if n > 0]
+            if not included:
                 slot.drained = False  # not read: what is queued in Redis is unknown
                 continue
-            streams.update(slot.read_ids)
-            count = max(count, n)
+            streams.update({s: slot.read_ids[s] for s in included})
+            count = max(count, *(wanted[s] for s in included))
             prompt = prompt or slot.needs_prompt_read() or slot.reading_backlog()
         return streams, count, not prompt
 
@@ -412,11 +418,11 @@ class Worker:
             if slot.streams[0] not in asked:
                 continue
             for stream in slot.streams:
-                if asked[stream] != ">":
+                if stream in asked and asked[stream] != ">":
                     # Reading our own pending list: page through it, then switch to new entries.
                     done = got.get(stream, 0) < count
                     slot.read_ids[stream] = ">" if done else last_ids.get(stream, ">")
-            slot.drained = all(got.get(s, 0) < count for s in slot.streams)
+            slot.drained = all(s in asked and got.get(s, 0) < count for s in slot.streams)
             if slot.model.name in touched or slot.drained:
                 slot.changed.set()
         if dead and self._writer is not None:

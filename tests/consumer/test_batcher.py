@@ -369,3 +369,37 @@ def test_the_wait_shrinks_to_zero_as_time_passes() -> None:
     assert waits == sorted(waits, reverse=True)
     assert waits[0] == pytest.approx(0.01)
     assert waits[-1] == 0.0
+
+
+# --------------------------------------------------------------------------------------------
+# Background lanes: bulk jobs never ride along in a synchronous request's batch
+
+
+def background_queue(*items: Queued[str]) -> BatchQueue[str]:
+    queue: BatchQueue[str] = BatchQueue(background_from=LOW)
+    for item in items:
+        queue.push(item)
+    return queue
+
+
+def test_background_requests_never_join_a_higher_lanes_batch() -> None:
+    queue = background_queue(q("job-1", lane=LOW), q("sync", lane=NORMAL), q("job-2", lane=LOW))
+    assert names(queue.take(8)) == ["sync"]
+    assert names(queue.take(8)) == ["job-1", "job-2"]
+    assert queue.rows == 0
+
+
+def test_high_and_normal_requests_still_batch_together() -> None:
+    queue = background_queue(q("n", lane=NORMAL), q("h", lane=HIGH), q("job", lane=LOW))
+    assert names(queue.take(8)) == ["h", "n"]
+
+
+def test_rows_through_a_lane_count_that_lane_and_those_above() -> None:
+    queue = background_queue(
+        q("h", lane=HIGH, rows=2), q("n", lane=NORMAL, rows=3), q("j", lane=LOW, rows=5)
+    )
+    assert [queue.rows_through(lane) for lane in (HIGH, NORMAL, LOW)] == [2, 5, 10]
+    queue.take(8)
+    assert [queue.rows_through(lane) for lane in (HIGH, NORMAL, LOW)] == [0, 0, 5]
+    queue.drop_expired(now=FAR + 1)
+    assert queue.rows_through(LOW) == 0

@@ -1,0 +1,233 @@
+"""The worker's Prometheus metrics, served on ``--metrics-port`` (``INFERQ_METRICS_PORT``).
+
+One ``WorkerMetrics`` per worker process (the ``Worker`` owns it); every metric is declared here
+once, with its help text and fixed label names. Who calls what:
+
+- ``Worker.start``: ``set_info(self.id)``, ``track_held(lambda: self.holding)``; when the
+  metrics port is not 0, ``MetricsServer(metrics.registry, port).start()``; ``Worker.stop``
+  calls ``await asyncio.to_thread(server.stop)`` last.
+- ``Worker._deliver``, per request decoded from a stream:
+  ``observe_dequeued(model, lane, (now_ms - request.enqueued_ms) / 1000)`` (lane:
+  ``LANES_BY_PRIORITY[slot.lane_of[stream]].value``); per entry moved to the dead-letter stream:
+  ``observe_dead_letter(model, "undecodable")``.
+- ``Worker._run_batch``, after the model call: ``observe_batch(model, requests=len(batch),
+  rows=sum of rows_of(request), batch_waits_s=[started - d.read_at ...],
+  inference_s=outcome.infer_s)``, and per result ``observe_result(model, version, status)``.
+- ``Worker._answer_expired``: ``observe_expired(model, len(deliveries))``.
+- ``ResultWriter``, once the pipeline holding a result and its reply notification completed:
+  ``observe_reply(model, time.monotonic() - finished_at)``, where ``finished_at`` is when the
+  model call (or the expiry answer) ended; ``Outgoing`` needs to carry the model and that time.
+- Reclaiming a dead worker's entries (``XAUTOCLAIM``, not built yet): ``observe_reclaimed(model,
+  n)``; running an entry again after a failure or redelivery: ``observe_retry(model)``.
+
+Queue wait is measured on the Redis clock (gateway ``enqueued_ms`` to worker read), so host
+clock skew does not enter it; the other stages use this process's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+import inferq
+from inferq.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, new_registry
+
+DEFAULT_METRICS_PORT = 9100
+"""``--metrics-port`` default; 0 turns the endpoint off."""
+
+RESULT_STATUSES = ("ok", "invalid", "failed")
+"""Values of the ``status`` label of ``inferq_worker_requests_total`` (``protocol.messages.Status``
+less ``expired``, which has its own counter); else ``other``."""
+
+DEAD_LETTER_REASONS = ("undecodable", "poison")
+"""``undecodable``: not a request message; ``poison``: failed its batch alone (bisection, when
+it lands). Anything else is recorded as ``other``."""
+
+
+def _one_of(value: str, allowed: tuple[str, ...]) -> str:
+    return value if value in allowed else "other"
+
+
+class WorkerMetrics:
+    """Every metric one worker process exports, in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = new_registry() if registry is None else registry
+        r = self.registry
+        model = ["model"]
+        self.requests = Counter(
+            "inferq_worker_requests_total",
+            "Requests run by this worker, by model, version and outcome (ok, invalid, failed).",
+            ["model", "version", "status"],
+            registry=r,
+        )
+        self.expired = Counter(
+            "inferq_worker_expired_total",
+            "Requests dropped unrun because their deadline passed before their batch started.",
+            model,
+            registry=r,
+        )
+        self.dead_lettered = Counter(
+            "inferq_worker_dead_lettered_total",
+            "Stream entries moved to the model's dead-letter stream, by model and reason "
+            "(undecodable, poison).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.retried = Counter(
+            "inferq_worker_retried_total",
+            "Requests run again after a failed or interrupted attempt, by model.",
+            model,
+            registry=r,
+        )
+        self.reclaimed = Counter(
+            "inferq_worker_reclaimed_total",
+            "Pending entries of dead workers claimed by this worker (XAUTOCLAIM), by model.",
+            model,
+            registry=r,
+        )
+        self.rows = Counter(
+            "inferq_worker_rows_total",
+            "Input rows passed to the model (sum over batches); rate() gives rows per second.",
+            model,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "inferq_worker_queue_wait_seconds",
+            "Time from the gateway enqueueing a request to a worker reading it (Redis clock), "
+            "by model and lane.",
+            ["model", "lane"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_wait = Histogram(
+            "inferq_worker_batch_wait_seconds",
+            "Time from a worker reading a request to the start of the model call that runs it "
+            "(batch formation), by model.",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference = Histogram(
+            "inferq_worker_inference_seconds",
+            "Duration of one model call (one batch), by model.",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.reply = Histogram(
+            "inferq_worker_reply_seconds",
+            "Time from the end of the model call to the completed write of the result and the "
+            "reply notification, by model.",
+            model,
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "inferq_worker_batch_requests",
+            "Requests per model call, by model.",
+            model,
+            buckets=COUNT_BUCKETS,
+            registry=r,
+        )
+        self.batch_rows = Histogram(
+            "inferq_worker_batch_rows",
+            "Input rows per model call (the batch size the model sees), by model.",
+            model,
+            buckets=COUNT_BUCKETS,
+            registry=r,
+        )
+        self.held = Gauge(
+            "inferq_worker_held_entries",
+            "Stream entries this worker has read and not yet acknowledged.",
+            registry=r,
+        )
+        self.info = Info(
+            "inferq_worker",
+            "This worker's id (its consumer name in the group) and the inferq release.",
+            registry=r,
+        )
+
+    def set_info(self, worker_id: str) -> None:
+        self.info.info({"worker": worker_id, "version": inferq.__version__})
+
+    def track_held(self, count: Callable[[], int]) -> None:
+        """Read the held-entry count at scrape time (``Worker.holding``)."""
+        self.held.set_function(count)
+
+    def observe_dequeued(self, model: str, lane: str, queue_wait_s: float) -> None:
+        self.queue_wait.labels(model, lane).observe(max(0.0, queue_wait_s))
+
+    def observe_batch(
+        self,
+        model: str,
+        *,
+        requests: int,
+        rows: int,
+        batch_waits_s: Sequence[float],
+        inference_s: float,
+    ) -> None:
+        """One model call: its size, its duration, and each request's batch-formation wait."""
+        self.batch_requests.labels(model).observe(requests)
+        self.batch_rows.labels(model).observe(rows)
+        self.rows.labels(model).inc(rows)
+        self.inference.labels(model).observe(inference_s)
+        wait = self.batch_wait.labels(model)
+        for seconds in batch_waits_s:
+            wait.observe(max(0.0, seconds))
+
+    def observe_result(self, model: str, version: str, status: str) -> None:
+        self.requests.labels(model, version, _one_of(status, RESULT_STATUSES)).inc()
+
+    def observe_expired(self, model: str, count: int = 1) -> None:
+        self.expired.labels(model).inc(count)
+
+    def observe_dead_letter(self, model: str, reason: str) -> None:
+        self.dead_lettered.labels(model, _one_of(reason, DEAD_LETTER_REASONS)).inc()
+
+    def observe_retry(self, model: str, count: int = 1) -> None:
+        self.retried.labels(model).inc(count)
+
+    def observe_reclaimed(self, model: str, count: int = 1) -> None:
+        self.reclaimed.labels(model).inc(count)
+
+    def observe_reply(self, model: str, seconds: float) -> None:
+        self.reply.labels(model).observe(max(0.0, seconds))
+
+
+class MetricsServer:
+    """``GET /metrics`` for one registry on its own port, served by prometheus_client's HTTP
+    server in a daemon thread (scrapes never wait for the event loop, and the loop never waits
+    for a scrape; the metrics are thread-safe).
+
+    ``start`` binds and returns the port (``port=0`` lets the OS pick, for tests; the worker
+    treats ``--metrics-port 0`` as off and never gets here). ``stop`` blocks until the serving
+    thread has exited (up to half a second): from async code, ``await asyncio.to_thread(stop)``.
+    """
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        if self._server is None:
+            self._server, self._thread = start_http_server(
+                self.port, addr=self.host, registry=self.registry
+            )
+            self.port = int(self._server.server_address[1])
+        return self.port
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join()
