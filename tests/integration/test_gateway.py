@@ -85,3 +85,21 @@ def test_waiting_requests_hold_no_redis_connections(stack, redis_url):
     assert statuses == [200] * 1000
     assert busy <= idle + gateway.settings.redis.pool_size
     assert busy <= 2 + gateway.settings.redis.pool_size
+
+
+def test_the_reply_listener_reconnects_without_losing_results(stack, redis_url):
+    """A result published while the listener's connection is down is read after it reconnects."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    s = stack(models=("slow",))
+    gateway_id = s.gateway.gateway.settings.gateway_id
+    with ThreadPoolExecutor(4) as pool, redis.Redis.from_url(redis_url) as r:
+        pending = [pool.submit(s.infer, "slow", sim_body(i)) for i in range(4)]
+        wait_until(lambda: s.gateway.gateway.replies.waiting == 4, what="four waiting requests")
+        killed = sum(
+            r.client_kill_filter(_id=c["id"])
+            for c in r.client_list()
+            if c["name"] == f"inferq-gateway-replies-{gateway_id}"
+        )
+        assert killed == 1
+        assert [f.result().status_code for f in pending] == [200] * 4
