@@ -30,6 +30,8 @@ class BatchFailed(Exception):
 class BatchOutcome:
     results: list[InferResult]
     infer_s: float
+    model_failed: bool = False
+    """The model call itself failed (raised, or returned the wrong number of rows)."""
 
 
 class ServedModel:
@@ -48,6 +50,7 @@ class ServedModel:
         self.max_batch = max_batch or config.max_batch
         self.flush_s = (config.flush_ms if flush_ms is None else flush_ms) / 1000
         self.backends: dict[str, Backend] = {}
+        self.bisections = 0
         self._output_types = {o.name: o.datatype for o in config.outputs}
 
     @property
@@ -69,7 +72,24 @@ class ServedModel:
         self.backends.clear()
 
     def run(self, requests: Sequence[InferRequest], worker: str) -> BatchOutcome:
-        """Run one batch (all of one version) as a single model call. Called off the event loop."""
+        """Run one batch (all of one version) as a single model call. Called off the event loop.
+
+        When the call fails for a batch of several requests, the batch is split in halves and
+        each half retried (bisection), so one poison input fails alone and the rest of its batch
+        still succeeds, at the cost of about 2·log2(n) extra calls in that rare case.
+        """
+        outcome = self._run_once(requests, worker)
+        if not outcome.model_failed or len(requests) == 1:
+            return outcome
+        self.bisections += 1
+        middle = len(requests) // 2
+        left = self.run(requests[:middle], worker)
+        right = self.run(requests[middle:], worker)
+        return BatchOutcome(
+            left.results + right.results, outcome.infer_s + left.infer_s + right.infer_s
+        )
+
+    def _run_once(self, requests: Sequence[InferRequest], worker: str) -> BatchOutcome:
         version = requests[0].version
         backend = self.backends.get(version)
         if backend is None:
@@ -85,17 +105,19 @@ class ServedModel:
             outputs = backend.predict(inputs)
         except Exception as e:  # a model can raise anything; the batch must still be answered
             elapsed = time.perf_counter() - started
-            return self._fail_all(requests, worker, f"model '{self.name}' failed: {e}", elapsed)
+            failed = self._fail_all(requests, worker, f"model '{self.name}' failed: {e}", elapsed)
+            return BatchOutcome(failed.results, elapsed, model_failed=True)
         elapsed = time.perf_counter() - started
         for name, arr in outputs.items():
             if arr.ndim == 0 or arr.shape[0] != total:
                 got = "a scalar" if arr.ndim == 0 else f"{arr.shape[0]} rows"
-                return self._fail_all(
+                failed = self._fail_all(
                     requests,
                     worker,
                     f"model '{self.name}' returned {got} for output '{name}' given {total} rows",
                     elapsed,
                 )
+                return BatchOutcome(failed.results, elapsed, model_failed=True)
         timings = Timings(infer_ms=elapsed * 1000, batch_size=len(requests))
         results = []
         offset = 0

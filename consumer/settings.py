@@ -36,4 +36,8 @@ class WorkerSettings:
     """How long one blocking read waits before looping (not a latency: reads return at once
     when a request arrives)."""
     drain_timeout_s: float = 30.0
+    claim_idle_ms: int = 30_000
+    """An entry pending this long without its worker renewing it is taken over by another."""
+    max_deliveries: int = 5
+    """An entry delivered more often than this is dead-lettered instead of run again."""
     log_level: str = "info"

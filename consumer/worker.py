@@ -20,8 +20,9 @@ import contextlib
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -34,6 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from consumer.advertiser import Advertiser
 from consumer.batcher import BatchPolicy, BatchQueue, Queued
 from consumer.model import ServedModel, batch_group, rows_of
+from consumer.reclaimer import Reclaimer
 from consumer.repository import list_models, load_config
 from consumer.settings import WorkerSettings
 from consumer.writer import JobUpdate, Outgoing, ResultWriter
@@ -132,7 +134,7 @@ class Worker:
         self._reader_wake = asyncio.Event()
         self._blocking_on: frozenset[str] | None = None
         self._draining = False
-        self._held: set[tuple[str, bytes]] = set()
+        self._held: dict[tuple[str, bytes], float] = {}
         """(stream, entry id) of every entry read and not yet acknowledged."""
         self._reader_client_id: int | None = None
         self._redis: aioredis.Redis | None = None
@@ -210,6 +212,14 @@ class Worker:
             self._spawn(self._dispatch_loop(slot), f"dispatch-{slot.model.name}")
         await self._advertiser.publish()
         self._spawn(self._advertiser.run(), "heartbeat")
+        self.reclaimer = Reclaimer(
+            self._redis,
+            self,
+            claim_idle_ms=s.claim_idle_ms,
+            max_deliveries=s.max_deliveries,
+            interval_s=max(0.05, s.claim_idle_ms / 1000 / 4),
+        )
+        self._spawn(self.reclaimer.run(), "reclaimer")
         log.info(
             "worker started",
             worker=self.id,
@@ -354,66 +364,14 @@ class Worker:
             self._deliver(reply or [], streams, count)
 
     def _deliver(self, reply: list[Any], asked: dict[str, str], count: int) -> None:
-        now = time.monotonic()
-        now_ms = self.clock.now_ms()
         got: dict[str, int] = {}
         last_ids: dict[str, str] = {}
-        dead: list[Outgoing] = []
-        touched: set[str] = set()
         for raw_stream, entries in reply:
-            stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
+            stream = _text(raw_stream)
             got[stream] = len(entries)
-            parsed = self.keys.parse_stream(stream)
-            slot = self.slots.get(parsed[0]) if parsed else None
-            if slot is None:
-                continue
-            touched.add(slot.model.name)
             if entries and asked.get(stream, ">") != ">":
-                last = entries[-1][0]
-                last_ids[stream] = last.decode() if isinstance(last, bytes) else last
-            for entry_id, fields in entries:
-                if (stream, entry_id) in self._held:
-                    continue  # re-read from our pending list while we still hold it
-                if fields is None:
-                    # Deleted while pending (a pending-list read reports it): nothing to run.
-                    dead.append(Outgoing(stream, entry_id, None))
-                    continue
-                self._held.add((stream, entry_id))
-                payload = fields.get(FIELD)
-                try:
-                    if payload is None:
-                        raise ProtocolError(f"stream entry has no '{FIELD.decode()}' field")
-                    request = InferRequest.decode(payload)
-                except ProtocolError as e:
-                    log.error(
-                        "undecodable request moved to dead letters",
-                        stream=stream,
-                        entry=entry_id,
-                        error=str(e),
-                    )
-                    self.stats.dead_lettered += 1
-                    dead.append(
-                        Outgoing(
-                            stream,
-                            entry_id,
-                            payload,
-                            dead_letter=self.keys.dlq(slot.model.name),
-                            reason=str(e),
-                        )
-                    )
-                    continue
-                delivery = Delivery(stream, entry_id, request, now_ms, now)
-                slot.idle.clear()
-                slot.queue.push(
-                    Queued(
-                        delivery,
-                        lane=slot.lane_of[stream],
-                        rows=rows_of(request),
-                        group=batch_group(request),
-                        arrived=now,
-                        deadline=now + (request.deadline_ms - now_ms) / 1000,
-                    )
-                )
+                last_ids[stream] = _text(entries[-1][0])
+            self.accept(stream, entries)
         for slot in self.slots.values():
             if slot.streams[0] not in asked:
                 continue
@@ -423,14 +381,102 @@ class Worker:
                     done = got.get(stream, 0) < count
                     slot.read_ids[stream] = ">" if done else last_ids.get(stream, ">")
             slot.drained = all(s in asked and got.get(s, 0) < count for s in slot.streams)
-            if slot.model.name in touched or slot.drained:
+            if slot.drained:
                 slot.changed.set()
-        if dead and self._writer is not None:
-            self._writer.put(dead)
+
+    def accept(
+        self, stream: str, entries: list[Any], *, poison: Callable[[int], str | None] | None = None
+    ) -> None:
+        """Queue entries read from (or claimed on) a stream for their model's next batches.
+
+        ``poison(i)``, when given, names why entry ``i`` must not run again (it was delivered
+        too often): it is dead-lettered and its caller answered with that reason.
+        """
+        parsed = self.keys.parse_stream(stream)
+        slot = self.slots.get(parsed[0]) if parsed else None
+        if slot is None:
+            return
+        now = time.monotonic()
+        now_ms = self.clock.now_ms()
+        out: list[Outgoing] = []
+        dlq = self.keys.dlq(slot.model.name)
+        for i, (entry_id, fields) in enumerate(entries):
+            if (stream, entry_id) in self._held:
+                continue  # re-read from our pending list while we still hold it
+            if fields is None:
+                # Deleted while pending (a pending-list read reports it): nothing to run.
+                out.append(Outgoing(stream, entry_id, None))
+                continue
+            self._held[(stream, entry_id)] = now
+            payload = fields.get(FIELD)
+            try:
+                if payload is None:
+                    raise ProtocolError(f"stream entry has no '{FIELD.decode()}' field")
+                request = InferRequest.decode(payload)
+            except ProtocolError as e:
+                log.error(
+                    "undecodable request moved to dead letters",
+                    stream=stream,
+                    entry=entry_id,
+                    error=str(e),
+                )
+                self.stats.dead_lettered += 1
+                out.append(
+                    Outgoing(stream, entry_id, None, dead_letter=dlq, reason=str(e), raw=payload)
+                )
+                continue
+            reason = poison(i) if poison is not None else None
+            if reason is not None:
+                log.error(
+                    "request moved to dead letters",
+                    stream=stream,
+                    entry=entry_id,
+                    request_id=request.id,
+                    model=request.model,
+                    reason=reason,
+                    traceparent=request.traceparent,
+                )
+                self.stats.dead_lettered += 1
+                failed = InferResult(
+                    request.id,
+                    Status.FAILED,
+                    request.model,
+                    request.version,
+                    error=reason,
+                    worker=self.id,
+                )
+                delivery = Delivery(stream, entry_id, request, now_ms, now)
+                poisoned = self._outgoing(delivery, failed)
+                out.append(replace(poisoned, dead_letter=dlq, reason=reason, raw=payload))
+                continue
+            delivery = Delivery(stream, entry_id, request, now_ms, now)
+            slot.idle.clear()
+            slot.queue.push(
+                Queued(
+                    delivery,
+                    lane=slot.lane_of[stream],
+                    rows=rows_of(request),
+                    group=batch_group(request),
+                    arrived=now,
+                    deadline=now + (request.deadline_ms - now_ms) / 1000,
+                )
+            )
+        slot.changed.set()
+        if out and self._writer is not None:
+            self._writer.put(out)
+
+    def room(self, model: str) -> int:
+        """How many more entries this worker should take on for the model right now."""
+        slot = self.slots.get(model)
+        return 0 if slot is None or self._draining else slot.wanted_count()
+
+    def held_since(self) -> dict[tuple[str, bytes], float]:
+        """Every entry this worker holds, with when it was read (monotonic)."""
+        return self._held
 
     def _release(self, written: list[Outgoing]) -> None:
         for out in written:
-            self._held.discard((out.stream, out.entry_id))
+            self._held.pop((out.stream, out.entry_id), None)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -599,6 +645,10 @@ class Worker:
             out.append(self._outgoing(d, result))
         assert self._writer is not None
         self._writer.put(out)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _with_timings(

@@ -63,8 +63,10 @@ class Outgoing:
     reply_to: str | None = None
     job: JobUpdate | None = None
     dead_letter: str | None = None
-    """A dead-letter stream to move the raw entry to instead (undecodable entries)."""
+    """A dead-letter stream to copy the raw entry to (undecodable or poison entries)."""
     reason: str = ""
+    raw: bytes | None = None
+    """The entry's original payload, for the dead-letter stream."""
 
 
 class ResultWriter:
@@ -146,12 +148,12 @@ class ResultWriter:
                         b"stream": out.stream,
                         b"id": out.entry_id,
                         b"reason": out.reason,
-                        FIELD: out.payload or b"",
+                        FIELD: out.raw or b"",
                     },
                     maxlen=DLQ_MAXLEN,
                     approximate=True,
                 )
-            elif out.payload is not None:
+            if out.payload is not None:
                 if out.result_key:
                     pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
                 if out.reply_to:

@@ -188,6 +188,20 @@ def _worker_flags(e: _Env) -> None:
         help="on SIGTERM, how long to finish in-flight batches",
     )
     e.add(
+        "--claim-idle-ms",
+        env="INFERQ_CLAIM_IDLE_MS",
+        type=_positive_int,
+        default=30_000,
+        help="take over entries another worker has held this long without renewing them",
+    )
+    e.add(
+        "--max-deliveries",
+        env="INFERQ_MAX_DELIVERIES",
+        type=_positive_int,
+        default=5,
+        help="dead-letter an entry delivered more often than this (it keeps crashing workers)",
+    )
+    e.add(
         "--heartbeat-s",
         env="INFERQ_HEARTBEAT_S",
         type=_non_negative_float,
@@ -300,6 +314,8 @@ def run_worker(args: argparse.Namespace) -> int:
         flush_ms=args.flush_ms,
         device=args.device,
         drain_timeout_s=args.drain_timeout_s,
+        claim_idle_ms=args.claim_idle_ms,
+        max_deliveries=args.max_deliveries,
         heartbeat_s=args.heartbeat_s,
         log_level=args.log_level,
     )

@@ -58,6 +58,10 @@ def _worker_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
         args.device,
         "--drain-timeout-s",
         str(args.drain_timeout_s),
+        "--claim-idle-ms",
+        str(args.claim_idle_ms),
+        "--max-deliveries",
+        str(args.max_deliveries),
     ]
     if args.models:
         argv += ["--models", args.models]

@@ -221,6 +221,14 @@ class Stack:
         assert self.gateway is not None
         return self.gateway.url
 
+    def wait_ready(self, model: str) -> None:
+        """Until the gateway knows a live worker serves the model (workers added later)."""
+        with self.client() as c:
+            wait_until(
+                lambda: c.get(f"/v2/models/{model}/ready").status_code == 200,
+                what=f"model {model} to be ready",
+            )
+
     def client(self, **options: Any) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, **options)
 

@@ -1,0 +1,74 @@
+"""One model call per batch, split back per request; a poison input fails alone (bisection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from consumer.model import ServedModel
+from consumer.repository import load_config
+from protocol.messages import InferRequest, Status
+from protocol.tensor import Tensor
+from tests.support import write_simulated_model
+
+
+def request(i: int, value: float) -> InferRequest:
+    x = Tensor.from_numpy("x", np.full((1, 4), value, dtype=np.float32))
+    return InferRequest(
+        id=f"r{i}",
+        model="sim",
+        version="1",
+        inputs=[x],
+        outputs=None,
+        deadline_ms=10**15,
+        enqueued_ms=0,
+        result_key="",
+        result_ttl_ms=1,
+    )
+
+
+class PoisonOnNegative:
+    """Raises for any batch holding a negative input, like a model crashing on bad data."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def load(self) -> None: ...
+
+    def unload(self) -> None: ...
+
+    def predict(self, inputs):
+        self.calls += 1
+        x = inputs["x"]
+        if (x < 0).any():
+            raise ValueError("negative input")
+        return {"sum": x.sum(axis=1, keepdims=True)}
+
+
+def served(tmp_path: Path) -> tuple[ServedModel, PoisonOnNegative]:
+    write_simulated_model(tmp_path, "sim", base_ms=0, per_row_ms=0, max_batch=8)
+    model = ServedModel(load_config(tmp_path, "sim"))
+    backend = PoisonOnNegative()
+    model.backends["1"] = backend
+    return model, backend
+
+
+def test_a_batch_runs_as_one_call_and_each_request_gets_its_own_rows(tmp_path):
+    model, backend = served(tmp_path)
+    outcome = model.run([request(i, float(i)) for i in range(5)], "w")
+    assert backend.calls == 1
+    assert [r.outputs[0].to_numpy().tolist() for r in outcome.results] == [
+        [[4.0 * i]] for i in range(5)
+    ]
+
+
+def test_one_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(tmp_path):
+    model, backend = served(tmp_path)
+    batch = [request(i, -1.0 if i == 5 else float(i)) for i in range(8)]
+    outcome = model.run(batch, "w")
+    statuses = [r.status for r in outcome.results]
+    assert statuses == [Status.OK] * 5 + [Status.FAILED] + [Status.OK] * 2
+    assert "negative input" in outcome.results[5].error
+    assert [r.id for r in outcome.results] == [r.id for r in batch]
+    assert backend.calls <= 1 + 2 * 3  # the batch, then at most two halves per level

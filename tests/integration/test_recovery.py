@@ -1,0 +1,96 @@
+"""Nothing accepted is lost: entries of a dead worker are taken over, a slow worker keeps its
+entries, and an entry that keeps crashing workers is dead-lettered with its caller answered."""
+
+from __future__ import annotations
+
+import numpy as np
+import redis
+
+from protocol.keys import GROUP, Keys, Lane
+from protocol.messages import FIELD, InferRequest, InferResult, Status
+from protocol.tensor import Tensor
+from tests.support import wait_until
+
+
+def _request(keys: Keys, request_id: str, now_ms: int, reply_to: str | None = None):
+    x = Tensor.from_numpy("x", np.full((1, 4), 1.0, dtype=np.float32))
+    return InferRequest(
+        id=request_id,
+        model="sim",
+        version="1",
+        inputs=[x],
+        outputs=None,
+        deadline_ms=now_ms + 60_000,
+        enqueued_ms=now_ms,
+        result_key=keys.result(request_id),
+        result_ttl_ms=60_000,
+        reply_to=reply_to,
+    )
+
+
+def _queue_and_strand(r, keys: Keys, ids: list[str], reply_to: str | None = None) -> str:
+    """Queue requests and hand them to a consumer that then 'dies' without acknowledging."""
+    stream = keys.stream("sim", Lane.NORMAL)
+    now_ms = int(r.time()[0]) * 1000
+    r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+    for request_id in ids:
+        r.xadd(stream, {FIELD: _request(keys, request_id, now_ms, reply_to).encode()})
+    r.xreadgroup(GROUP, "dead-worker", {stream: ">"}, count=100)
+    return stream
+
+
+def test_a_live_worker_takes_over_what_a_dead_worker_held(stack, redis_url, namespace):
+    keys = Keys(namespace)
+    with redis.Redis.from_url(redis_url) as r:
+        stream = _queue_and_strand(r, keys, ["a", "b", "c"])
+        s = stack(workers=0)
+        worker = s.add_worker(("sim",), claim_idle_ms=200)
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 0, what="the entries acked")
+        for request_id in ("a", "b", "c"):
+            result = InferResult.decode(r.get(keys.result(request_id)))
+            assert result.status is Status.OK and result.worker == worker.worker.id
+    assert worker.worker.reclaimer.reclaimed == 3
+
+
+def test_a_worker_renews_entries_it_is_still_running(stack, redis_url, namespace):
+    """A batch that runs longer than claim_idle_ms is not taken over by another worker."""
+    keys = Keys(namespace)
+    s = stack(workers=0)
+    busy = s.add_worker(("slow",), claim_idle_ms=150)
+    other = s.add_worker(("slow",), claim_idle_ms=150)
+    s.wait_ready("slow")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support import sim_body
+
+    with ThreadPoolExecutor(1) as pool:
+        response = pool.submit(s.infer, "slow", sim_body(1))  # its batch takes 300 ms
+        assert response.result().status_code == 200
+    assert busy.worker.reclaimer.reclaimed + other.worker.reclaimer.reclaimed == 0
+    assert busy.backend("slow").calls + other.backend("slow").calls == 1
+    with redis.Redis.from_url(redis_url) as r:
+        stream = keys.stream("slow", Lane.NORMAL)
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 0, what="the entry acked")
+    assert busy.worker.reclaimer.renewed + other.worker.reclaimer.renewed >= 1
+
+
+def test_an_entry_delivered_too_often_is_dead_lettered_and_its_caller_answered(
+    stack, redis_url, namespace
+):
+    keys = Keys(namespace)
+    reply_to = f"{namespace}:replies:test"
+    with redis.Redis.from_url(redis_url) as r:
+        r.xadd(reply_to, {b"keepalive": b"1"})
+        stream = _queue_and_strand(r, keys, ["poison"], reply_to=reply_to)
+        entry_id = r.xpending_range(stream, GROUP, "-", "+", 1)[0]["message_id"]
+        # As if it had crashed five workers already.
+        r.xclaim(stream, GROUP, "dead-worker", 0, [entry_id], retrycount=5, justid=True)
+        s = stack(workers=0)
+        worker = s.add_worker(("sim",), claim_idle_ms=100, max_deliveries=5)
+        wait_until(lambda: r.xlen(keys.dlq("sim")) == 1, what="a dead letter")
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 0, what="the entry acked")
+        reply = InferResult.decode(r.xrange(reply_to)[-1][1][FIELD])
+        assert reply.id == "poison" and reply.status is Status.FAILED
+        assert "delivered 6 times" not in reply.error and "dead-letter" in reply.error
+        assert b"dead-letter" in r.xrange(keys.dlq("sim"))[0][1][b"reason"]
+    assert worker.backend("sim").calls == 0
