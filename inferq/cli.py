@@ -111,6 +111,13 @@ def _gateway_flags(e: _Env) -> None:
         help="cap on any request's deadline",
     )
     e.add(
+        "--max-backlog",
+        env="INFERQ_MAX_BACKLOG",
+        type=_positive_int,
+        default=10_000,
+        help="per model: requests beyond this many queued get 429 at once",
+    )
+    e.add(
         "--job-ttl",
         env="INFERQ_JOB_TTL",
         type=_positive_int,
@@ -280,6 +287,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         max_timeout_ms=args.max_timeout_ms,
         result_ttl_s=args.result_ttl_s,
+        max_backlog=args.max_backlog,
         job_ttl_s=args.job_ttl,
         job_timeout_s=args.job_timeout_s,
         max_job_backlog=args.max_job_backlog,

@@ -86,6 +86,8 @@ def _gateway_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
         str(args.max_timeout_ms),
         "--result-ttl-s",
         str(args.result_ttl_s),
+        "--max-backlog",
+        str(args.max_backlog),
         "--job-ttl",
         str(args.job_ttl),
         "--job-timeout-s",

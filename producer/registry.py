@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from inferq.aio import cancelling
 from inferq.connections import RedisClock
 from protocol import ProtocolError
-from protocol.keys import GROUP, Keys
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.registry import ModelMetadata, WorkerInfo
 
 log = structlog.get_logger("inferq.gateway")
@@ -79,13 +79,17 @@ class ModelRegistry:
         self.redis_ok = False
         self._last_refresh = 0.0
         self._refreshing: asyncio.Lock = asyncio.Lock()
-        self._backlog: dict[str, int] = {}
+        self._backlog: dict[tuple[str, Lane], int] = {}
         self._queued_since: dict[str, int] = {}
 
-    def backlog(self, model: str) -> int:
-        """Requests queued for the model and not yet read by any worker: the consumer group's
-        lag over its streams at the last refresh, plus what this gateway queued since."""
-        return self._backlog.get(model, 0) + self._queued_since.get(model, 0)
+    def backlog(self, model: str, through: Lane = Lane.LOW) -> int:
+        """Requests queued for the model in ``through``'s lane and the lanes above it, not yet
+        read by any worker: the consumer group's lag at the last refresh, plus what this
+        gateway queued since."""
+        lanes = LANES_BY_PRIORITY[: LANES_BY_PRIORITY.index(through) + 1]
+        return sum(self._backlog.get((model, lane), 0) for lane in lanes) + (
+            self._queued_since.get(model, 0)
+        )
 
     def note_queued(self, model: str) -> None:
         self._queued_since[model] = self._queued_since.get(model, 0) + 1
@@ -137,13 +141,11 @@ class ModelRegistry:
             replies = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError):
             return
-        backlog: dict[str, int] = {}
+        backlog: dict[tuple[str, Lane], int] = {}
         for i, name in enumerate(names):
-            total = 0
-            for j in range(len(self._keys.streams(name))):
+            for j, lane in enumerate(LANES_BY_PRIORITY):
                 length, groups = replies[2 * (i * 3 + j)], replies[2 * (i * 3 + j) + 1]
-                total += _lag(length, groups)
-            backlog[name] = total
+                backlog[(name, lane)] = _lag(length, groups)
         self._backlog = backlog
 
     async def run(self) -> None:

@@ -20,12 +20,15 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from inferq.connections import RedisClock
+from producer.admission import ServiceTime, decide
+from producer.breaker import Breaker
 from producer.errors import (
     BadRequest,
     GatewayTimeout,
     ModelFailed,
     NotFound,
     ServiceUnavailable,
+    TooManyRequests,
 )
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelEntry, ModelRegistry
@@ -78,6 +81,9 @@ class InferenceService:
         # Unique across gateways (random prefix) and cheap (a counter): these ids route replies
         # and are never shown to clients, so they need not be secret.
         self._id_prefix = secrets.token_hex(8)
+        self.breakers: dict[str, Breaker] = {}
+        self.service_times: dict[str, ServiceTime] = {}
+        self.rejected = 0
         self._ids = itertools.count()
 
     async def model(self, name: str, version: str | None = None) -> tuple[ModelEntry, str]:
@@ -146,6 +152,8 @@ class InferenceService:
                     return InferOutcome(body, InferResult.decode(cached), cached=True)
                 except ProtocolError:
                     log.warning("ignoring an undecodable cache entry", key=cache_key)
+        lane = Lane.for_priority(sched.priority)
+        self._admit(name, entry.workers, lane, sched.timeout_ms / 1000)
         request_id = f"{self._id_prefix}{next(self._ids):x}"
         now_ms = self.clock.now_ms()
         request = InferRequest(
@@ -165,8 +173,8 @@ class InferenceService:
         )
         future = self.replies.expect(request_id)
         try:
-            stream = self.keys.stream(name, Lane.for_priority(sched.priority))
-            await self._redis("XADD", stream, "*", FIELD, request.encode())
+            await self._redis("XADD", self.keys.stream(name, lane), "*", FIELD, request.encode())
+            self.registry.note_queued(name)
             remaining = sched.timeout_ms / 1000 - (time.monotonic() - started)
             result = await self.replies.wait(future, remaining)
         except TimeoutError:
@@ -177,7 +185,46 @@ class InferenceService:
             ) from None
         finally:
             self.replies.forget(request_id)
+        self._observe(name, result)
         return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
+
+    def _admit(self, name: str, workers: int, lane: Lane, deadline_s: float) -> None:
+        """Fail fast rather than queue: a failing model (breaker open), a backlog at its cap,
+        or a queue that would outlast the request's deadline."""
+        now = time.monotonic()
+        breaker = self.breakers.setdefault(name, Breaker())
+        if not breaker.allow(now):
+            retry = breaker.retry_after_s(now)
+            raise ServiceUnavailable(
+                f"model '{name}' is failing most recent requests; failing fast for the next "
+                f"{retry:.0f} s before trying it again",
+                retry_after_s=max(1.0, retry),
+            )
+        service = self.service_times.get(name)
+        verdict = decide(
+            backlog=self.registry.backlog(name, through=lane),
+            per_request_s=service.per_request_s if service else None,
+            workers=workers,
+            deadline_s=deadline_s,
+            max_backlog=self.settings.max_backlog,
+        )
+        if not verdict.admitted:
+            self.rejected += 1
+            raise TooManyRequests(
+                f"model '{name}' is overloaded: {verdict.reason}",
+                retry_after_s=verdict.retry_after_s,
+            )
+
+    def _observe(self, name: str, result: InferResult) -> None:
+        t = result.timings
+        if t.batch_size:
+            self.service_times.setdefault(name, ServiceTime()).observe(
+                t.infer_ms / 1000, t.batch_size
+            )
+        if result.status is not Status.EXPIRED:
+            self.breakers.setdefault(name, Breaker()).record(
+                result.status is not Status.FAILED, time.monotonic()
+            )
 
     async def _redis(self, *args: Any) -> Any:
         try:

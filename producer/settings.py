@@ -31,6 +31,8 @@ class GatewaySettings:
     reply_block_ms: int = 2000
     heartbeat_s: float = 5.0
     """How often the gateway refreshes its reply stream's TTL."""
+    max_backlog: int = 10_000
+    """Per model: synchronous requests beyond this many queued get 429 at once."""
     job_ttl_s: int = 86_400
     """How long job records and results are kept (``--job-ttl``)."""
     job_timeout_s: int = 3_600

@@ -43,6 +43,7 @@ def write_simulated_model(
     max_batch: int,
     flush_ms: float = 2.0,
     cache: bool = False,
+    failure_rate: float = 0.0,
 ) -> None:
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
@@ -58,6 +59,7 @@ enabled = {"true" if cache else "false"}
 [simulated]
 base_ms = {base_ms}
 per_row_ms = {per_row_ms}
+failure_rate = {failure_rate}
 
 [[inputs]]
 name = "x"

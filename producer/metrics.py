@@ -1,0 +1,292 @@
+"""The gateway's Prometheus metrics, served at ``GET /metrics``.
+
+One ``GatewayMetrics`` per gateway process (the ``Gateway`` owns it); every metric is declared
+here once, with its help text and fixed label names. Who calls what:
+
+- ``app.py``, a ``/metrics`` route: ``metrics_response(registry, request.headers.get("accept"))``.
+- ``app.py``, around every V2 route (one place: a small wrapper or middleware that knows the
+  route's endpoint name, see ``ENDPOINTS``), once per response, errors included:
+  ``observe_request(model, version, endpoint, status, seconds, body_bytes=...)``. Pass
+  ``model=None`` (and ``version=None``) when the request never resolved to a known model (404 for
+  an unknown name, 400 before the lookup): labels must never carry a name a client made up.
+  ``body_bytes`` is the decompressed body size for ``infer``, None elsewhere.
+- ``service.py`` ``InferenceService.infer``, after the cache ``GET``:
+  ``observe_cache(model, hit=...)`` (only when the cache was consulted).
+- ``service.py``, where a request is turned away before it is queued (no live worker: 503;
+  admission control when it lands): ``observe_rejected(model, reason)`` (see ``REJECT_REASONS``).
+- ``gateway.py`` ``Gateway.start``: ``track_waiters(lambda: self.replies.waiting)``; then
+  ``StreamGauges(metrics, self.redis, self.keys, self.clock.now_ms)``, started with the other
+  background tasks and stopped in ``Gateway.stop``.
+
+Stream gauges (length, lag, pending, live consumers, oldest pending age, dead letters) come from
+``inferq.lag.collect`` every ``interval_s`` (5 s), not per scrape, so a scrape storm costs Redis
+nothing. Every gateway exports them: aggregate with ``max by (model, lane)``, never ``sum``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from redis.exceptions import RedisError
+from starlette.responses import Response
+
+from inferq.aio import cancelling
+from inferq.lag import LagError, collect, dead_letters
+from inferq.metrics import BYTES_BUCKETS, LATENCY_BUCKETS, exposition, new_registry
+from protocol.keys import Keys
+
+log = structlog.get_logger("inferq.gateway")
+
+ENDPOINTS = (
+    "infer",
+    "model_metadata",
+    "model_ready",
+    "server_metadata",
+    "health_live",
+    "health_ready",
+    "metrics",
+)
+"""Values of the ``endpoint`` label; anything else is recorded as ``other``."""
+
+REJECT_REASONS = ("no_workers", "queue_full", "redis_unavailable")
+"""Values of the ``reason`` label of ``inferq_gateway_rejected_total``; else ``other``."""
+
+STREAM_REFRESH_S = 5.0
+
+
+def _status_class(status: int) -> str:
+    return f"{status // 100}xx" if 100 <= status < 600 else "other"
+
+
+def _one_of(value: str, allowed: tuple[str, ...]) -> str:
+    return value if value in allowed else "other"
+
+
+class GatewayMetrics:
+    """Every metric one gateway process exports, in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = new_registry() if registry is None else registry
+        r = self.registry
+        self.requests = Counter(
+            "inferq_gateway_requests_total",
+            "HTTP requests answered, by model, version, endpoint and HTTP status code; model "
+            "and version are empty when the request named no known model.",
+            ["model", "version", "endpoint", "status"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "inferq_gateway_request_duration_seconds",
+            "End-to-end time from the request reaching the route to the response being ready, "
+            "by model, endpoint and status class (2xx, 4xx, 5xx).",
+            ["model", "endpoint", "status_class"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_body = Histogram(
+            "inferq_gateway_request_body_bytes",
+            "Size of inference request bodies after decompression, by model.",
+            ["model"],
+            buckets=BYTES_BUCKETS,
+            registry=r,
+        )
+        self.cache_hits = Counter(
+            "inferq_gateway_cache_hits_total",
+            "Inference requests answered from the result cache without queueing, by model.",
+            ["model"],
+            registry=r,
+        )
+        self.cache_misses = Counter(
+            "inferq_gateway_cache_misses_total",
+            "Inference requests that looked in the result cache, found nothing and were queued, "
+            "by model.",
+            ["model"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "inferq_gateway_rejected_total",
+            "Inference requests turned away before queueing, by model and reason "
+            "(no_workers, queue_full, redis_unavailable).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.waiting = Gauge(
+            "inferq_gateway_waiting_requests",
+            "Requests queued by this gateway and waiting for their result (in-flight waiters).",
+            registry=r,
+        )
+        lane = ["model", "lane"]
+        self.stream_length = Gauge(
+            "inferq_stream_length",
+            "Entries in a model's request stream (XLEN), read or not, by model and lane.",
+            lane,
+            registry=r,
+        )
+        self.stream_lag = Gauge(
+            "inferq_stream_lag",
+            "Entries in a model's request stream that no worker has read yet (consumer-group "
+            "lag, XINFO GROUPS), by model and lane.",
+            lane,
+            registry=r,
+        )
+        self.stream_pending = Gauge(
+            "inferq_stream_pending",
+            "Entries read by a worker and not yet acknowledged (XPENDING), by model and lane.",
+            lane,
+            registry=r,
+        )
+        self.stream_consumers = Gauge(
+            "inferq_stream_consumers",
+            "Live workers (current heartbeat) in the consumer group of a model's request "
+            "stream, by model and lane.",
+            lane,
+            registry=r,
+        )
+        self.stream_oldest_pending_age = Gauge(
+            "inferq_stream_oldest_pending_age_seconds",
+            "Time since the oldest pending (read, unacknowledged) entry was enqueued; 0 when "
+            "nothing is pending. By model and lane.",
+            lane,
+            registry=r,
+        )
+        self.dlq_length = Gauge(
+            "inferq_dlq_length",
+            "Entries in a model's dead-letter stream ({ns}:dlq:{model}).",
+            ["model"],
+            registry=r,
+        )
+        self.stream_refreshed = Gauge(
+            "inferq_stream_gauges_last_refresh_timestamp_seconds",
+            "Unix time of the last successful refresh of the inferq_stream_* and "
+            "inferq_dlq_length gauges.",
+            registry=r,
+        )
+        self.stream_refresh_failures = Counter(
+            "inferq_stream_gauges_refresh_failures_total",
+            "Refreshes of the stream gauges that failed (Redis unreachable or refused).",
+            registry=r,
+        )
+
+    def observe_request(
+        self,
+        model: str | None,
+        version: str | None,
+        endpoint: str,
+        status: int,
+        seconds: float,
+        *,
+        body_bytes: int | None = None,
+    ) -> None:
+        """One answered HTTP request (any status)."""
+        endpoint = _one_of(endpoint, ENDPOINTS)
+        self.requests.labels(model or "", version or "", endpoint, str(status)).inc()
+        self.request_duration.labels(model or "", endpoint, _status_class(status)).observe(seconds)
+        if body_bytes is not None:
+            self.request_body.labels(model or "").observe(body_bytes)
+
+    def observe_cache(self, model: str, *, hit: bool) -> None:
+        (self.cache_hits if hit else self.cache_misses).labels(model).inc()
+
+    def observe_rejected(self, model: str, reason: str) -> None:
+        self.rejected.labels(model, _one_of(reason, REJECT_REASONS)).inc()
+
+    def track_waiters(self, count: Callable[[], int]) -> None:
+        """Read the number of waiting requests at scrape time (``ReplyListener.waiting``)."""
+        self.waiting.set_function(count)
+
+
+def metrics_response(registry: CollectorRegistry, accept: str | None = None) -> Response:
+    """The body of ``GET /metrics``: pass the request's ``Accept`` header for OpenMetrics."""
+    body, content_type = exposition(registry, accept)
+    return Response(body, headers={"content-type": content_type})
+
+
+class StreamGauges:
+    """Keeps the stream gauges of ``GatewayMetrics`` current: ``inferq.lag.collect`` (without
+    ``SCAN``) and the dead-letter lengths every ``interval_s``.
+
+    Owned by the gateway: ``start`` after Redis clients exist, ``stop`` on shutdown. A failed
+    refresh keeps the previous values, counts a failure and logs once until it recovers; the
+    last-refresh timestamp tells a dashboard how stale they are. Lanes of models that disappear
+    are removed from the gauges.
+    """
+
+    def __init__(
+        self,
+        metrics: GatewayMetrics,
+        redis: aioredis.Redis,
+        keys: Keys,
+        clock_now_ms: Callable[[], int] | None = None,
+        *,
+        interval_s: float = STREAM_REFRESH_S,
+    ) -> None:
+        self.metrics = metrics
+        self._redis = redis
+        self._keys = keys
+        self._now_ms = clock_now_ms
+        self.interval_s = interval_s
+        self._lanes: set[tuple[str, str]] = set()
+        self._models: set[str] = set()
+        self._task: asyncio.Task[None] | None = None
+        self._failing = False
+
+    async def refresh(self) -> None:
+        """One refresh; Redis errors propagate (``run`` counts and logs them)."""
+        lanes = await collect(self._redis, self._keys, self._now_ms, scan=False)
+        dlq = await dead_letters(self._redis, self._keys, (lane.model for lane in lanes))
+        m = self.metrics
+        seen: set[tuple[str, str]] = set()
+        for lane in lanes:
+            labels = (lane.model, lane.lane.value)
+            seen.add(labels)
+            m.stream_length.labels(*labels).set(lane.length)
+            m.stream_lag.labels(*labels).set(lane.lag)
+            m.stream_pending.labels(*labels).set(lane.pending)
+            m.stream_consumers.labels(*labels).set(lane.consumers)
+            m.stream_oldest_pending_age.labels(*labels).set((lane.oldest_pending_ms or 0) / 1000)
+        for labels in self._lanes - seen:
+            for gauge in (
+                m.stream_length,
+                m.stream_lag,
+                m.stream_pending,
+                m.stream_consumers,
+                m.stream_oldest_pending_age,
+            ):
+                gauge.remove(*labels)
+        for model, length in dlq.items():
+            m.dlq_length.labels(model).set(length)
+        for model in self._models - set(dlq):
+            m.dlq_length.remove(model)
+        self._lanes, self._models = seen, set(dlq)
+        m.stream_refreshed.set(time.time())
+
+    async def run(self) -> None:
+        """Refresh now, then every ``interval_s``, until cancelled."""
+        while not cancelling():
+            try:
+                await self.refresh()
+                if self._failing:
+                    log.info("stream gauges refreshed again")
+                self._failing = False
+            except (RedisError, OSError, LagError) as e:
+                self.metrics.stream_refresh_failures.inc()
+                if not self._failing:
+                    log.warning("stream gauges not refreshed", error=str(e))
+                self._failing = True
+            await asyncio.sleep(self.interval_s)
+
+    def start(self) -> None:
+        """Start refreshing in a task this object owns (needs a running event loop)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self.run(), name="stream-gauges")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,44 @@
+"""Overload: refuse at once what cannot meet its deadline; fail fast while a model fails."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+from tests.support import sim_body, wait_until
+
+
+def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once(stack):
+    s = stack(models=("serial",))  # 200 ms per request, one at a time
+    assert s.infer("serial", sim_body(0)).status_code == 200  # measures the service time
+    registry = s.gateway.gateway.registry
+    with ThreadPoolExecutor(12) as pool:
+        queued = [pool.submit(s.infer, "serial", sim_body(i)) for i in range(12)]
+        wait_until(lambda: registry.backlog("serial") >= 5, what="a visible backlog")
+        r = s.infer("serial", sim_body(99, timeout=300_000))  # 300 ms deadline
+        assert r.status_code == 429, r.text  # not queued: a queued one would end in 504
+        assert "overloaded" in r.json()["error"] and "deadline" in r.json()["error"]
+        assert int(r.headers["retry-after"]) >= 1
+        assert all(f.result().status_code == 200 for f in queued)
+
+
+def test_a_backlog_at_its_cap_is_refused(stack):
+    s = stack(models=("serial",), max_backlog=3)
+    registry = s.gateway.gateway.registry
+    with ThreadPoolExecutor(8) as pool:
+        queued = [pool.submit(s.infer, "serial", sim_body(i)) for i in range(6)]
+        wait_until(lambda: registry.backlog("serial") >= 3, what="the backlog at its cap")
+        r = s.infer("serial", sim_body(9))
+        assert r.status_code == 429 and "limit of 3" in r.json()["error"]
+        statuses = sorted(f.result().status_code for f in queued)
+    assert set(statuses) <= {200, 429}
+
+
+def test_a_failing_model_trips_its_breaker_and_fails_fast(stack):
+    s = stack(models=("broken",))
+    codes = [s.infer("broken", sim_body(i)).status_code for i in range(20)]
+    assert codes == [500] * 20
+    calls = s.workers[0].backend("broken").calls
+    r = s.infer("broken", sim_body(99))
+    assert r.status_code == 503 and "failing" in r.json()["error"]
+    assert "retry-after" in r.headers
+    assert s.workers[0].backend("broken").calls == calls  # the model was not called
