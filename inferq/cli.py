@@ -264,6 +264,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     e = _Env(wk, environ)
     _redis_flags(e)
     _worker_flags(e)
+
+    from inferq import dlq
+
+    dlq.add_parser(sub, environ)
     return parser
 
 
@@ -368,6 +372,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return run_gateway(args)
     if args.command == "worker":
         return run_worker(args)
+    if args.command == "dlq":
+        from inferq import dlq
+
+        return dlq.run(args)
     from inferq.up import run_up
 
     return run_up(args)

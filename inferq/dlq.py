@@ -1,0 +1,187 @@
+"""``inferq dlq list|show|retry|purge``: inspect and replay dead letters.
+
+Entries land in ``{ns}:dlq:{model}`` when a worker cannot decode them or when they were delivered
+``--max-deliveries`` times without completing. Each dead letter keeps the original stream and
+entry id, the reason, and the original payload, so it can be replayed unchanged (``retry``) after
+the cause is fixed. A replayed request whose deadline has passed would only expire again:
+``--extend-deadline-s`` gives it a fresh one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, cast
+
+import redis
+
+from inferq.connections import redact
+from protocol import ProtocolError
+from protocol.keys import Keys
+from protocol.messages import FIELD, InferRequest
+
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1
+EXIT_REDIS = 4
+
+
+def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
+    dlq = subparsers.add_parser(
+        "dlq",
+        help="inspect and replay dead-lettered requests",
+        description="Dead letters are requests no worker could run (undecodable, or delivered "
+        "too often). List them, show one, replay them on their original stream, or purge them.",
+    )
+    dlq.add_argument(
+        "--redis",
+        dest="redis_url",
+        default=environ.get("INFERQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="Redis URL [env INFERQ_REDIS_URL]",
+    )
+    dlq.add_argument(
+        "--namespace",
+        default=environ.get("INFERQ_NAMESPACE", "inferq"),
+        help="key prefix [env INFERQ_NAMESPACE]",
+    )
+    actions = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
+    ls = actions.add_parser("list", help="dead letters per model, newest last")
+    ls.add_argument("--model", help="only this model")
+    ls.add_argument("--count", type=int, default=50, help="most entries shown per model")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    show = actions.add_parser("show", help="one dead letter in full")
+    show.add_argument("--model", required=True)
+    show.add_argument("id", help="the dead letter's id (from list)")
+    retry = actions.add_parser("retry", help="replay dead letters on their original streams")
+    retry.add_argument("--model", required=True)
+    retry.add_argument("ids", nargs="*", help="dead letter ids; none with --all")
+    retry.add_argument("--all", action="store_true", help="replay every dead letter of the model")
+    retry.add_argument(
+        "--extend-deadline-s",
+        type=float,
+        default=0.0,
+        help="give each replayed request a fresh deadline this far ahead",
+    )
+    purge = actions.add_parser("purge", help="delete dead letters")
+    purge.add_argument("--model", required=True)
+    purge.add_argument("ids", nargs="*", help="dead letter ids; none with --all")
+    purge.add_argument("--all", action="store_true", help="delete every dead letter of the model")
+
+
+def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    doc: dict[str, Any] = {
+        "id": entry_id.decode(),
+        "stream": fields.get(b"stream", b"").decode(),
+        "entry": fields.get(b"id", b"").decode(),
+        "reason": fields.get(b"reason", b"").decode(errors="replace"),
+    }
+    try:
+        request = InferRequest.decode(fields.get(FIELD, b""))
+    except ProtocolError as e:
+        doc["request"] = None
+        doc["undecodable"] = str(e)
+        return doc
+    doc["request"] = {
+        "id": request.id,
+        "kind": request.kind.value,
+        "model": request.model,
+        "version": request.version,
+        "priority": request.priority,
+        "inputs": [
+            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in request.inputs
+        ],
+        "traceparent": request.traceparent,
+    }
+    return doc
+
+
+def _models(r: redis.Redis, keys: Keys, only: str | None) -> list[str]:
+    if only:
+        return [only]
+    prefix = keys.dlq("")
+    return sorted(k.decode()[len(prefix) :] for k in r.scan_iter(match=f"{prefix}*"))
+
+
+def run(args: argparse.Namespace) -> int:
+    keys = Keys(args.namespace)
+    try:
+        with redis.Redis.from_url(args.redis_url, socket_timeout=10) as r:
+            return _run(r, keys, args)
+    except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
+        print(f"inferq dlq: cannot reach Redis at {redact(args.redis_url)}: {e}", file=sys.stderr)
+        return EXIT_REDIS
+
+
+def _selected(r: redis.Redis, stream: str, args: argparse.Namespace) -> list[tuple[bytes, Any]]:
+    if args.all:
+        return cast(list[tuple[bytes, Any]], r.xrange(stream))
+    if not args.ids:
+        raise SystemExit("inferq dlq: name dead letter ids, or pass --all")
+    entries = []
+    for entry_id in args.ids:
+        found = cast(list[tuple[bytes, Any]], r.xrange(stream, entry_id, entry_id))
+        if not found:
+            raise SystemExit(f"inferq dlq: no dead letter {entry_id} for model {args.model}")
+        entries.extend(found)
+    return entries
+
+
+def _run(r: redis.Redis, keys: Keys, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        report: dict[str, dict[str, Any]] = {}
+        for model in _models(r, keys, args.model):
+            stream = keys.dlq(model)
+            entries = cast(list[tuple[bytes, Any]], r.xrevrange(stream, count=args.count))
+            report[model] = {
+                "total": r.xlen(stream),
+                "entries": [_describe(i, f) for i, f in reversed(entries)],
+            }
+        if args.json:
+            print(json.dumps(report, indent=2))
+            return EXIT_OK
+        if not report:
+            print("no dead letters")
+        for model, data in report.items():
+            print(f"{model}: {data['total']} dead letter(s)")
+            for e in data["entries"]:
+                rid = e["request"]["id"] if e["request"] else "(undecodable)"
+                print(f"  {e['id']}  request {rid}  from {e['stream']}  {e['reason']}")
+        return EXIT_OK
+    stream = keys.dlq(args.model)
+    if args.action == "show":
+        found = cast(list[tuple[bytes, Any]], r.xrange(stream, args.id, args.id))
+        if not found:
+            print(f"inferq dlq: no dead letter {args.id} for model {args.model}", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        print(json.dumps(_describe(*found[0]), indent=2))
+        return EXIT_OK
+    entries = _selected(r, stream, args)
+    if args.action == "retry":
+        now_ms = int(r.time()[0]) * 1000
+        replayed = 0
+        for entry_id, fields in entries:
+            payload = fields.get(FIELD, b"")
+            target = fields.get(b"stream", b"").decode()
+            if keys.parse_stream(target) is None:
+                print(f"  {entry_id.decode()}: no original stream recorded; skipped")
+                continue
+            if args.extend_deadline_s > 0:
+                try:
+                    request = InferRequest.decode(payload)
+                except ProtocolError as e:
+                    print(f"  {entry_id.decode()}: undecodable ({e}); skipped")
+                    continue
+                deadline = now_ms + int(args.extend_deadline_s * 1000)
+                payload = replace(request, deadline_ms=deadline).encode()
+            pipe = r.pipeline(transaction=True)
+            pipe.xadd(target, {FIELD: payload})
+            pipe.xdel(stream, entry_id)
+            pipe.execute()
+            replayed += 1
+        print(f"replayed {replayed} of {len(entries)} dead letter(s) for model {args.model}")
+        return EXIT_OK
+    deleted = r.xdel(stream, *(i for i, _ in entries)) if entries else 0
+    print(f"purged {deleted} dead letter(s) for model {args.model}")
+    return EXIT_OK
