@@ -12,6 +12,14 @@ Every ``interval_s`` for each served stream:
   is not run again: it goes to the dead-letter stream with the reason, and its caller is answered
   with that reason instead of waiting for a deadline.
 
+Less often (every ``HOUSEKEEPING_EVERY`` passes):
+- **Trim.** Each stream is trimmed (``XTRIM MINID``) below the oldest entry still pending and
+  never past the group's last-delivered id, so memory stays bounded while no entry that has not
+  been delivered and acknowledged is ever deleted (which would also break the group's lag).
+- **Prune.** Consumers of workers that are gone are removed from the group, but only when they
+  hold no pending entries: ``XGROUP DELCONSUMER`` on a consumer with pending entries silently
+  drops them.
+
 Duplicate executions are possible (a worker that was only slow, not dead); duplicate replies are
 not: result keys are written only if absent and the gateway resolves each request once.
 """
@@ -24,7 +32,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from inferq.aio import cancelling
 from protocol.keys import GROUP
@@ -33,6 +41,8 @@ if TYPE_CHECKING:
     from consumer.worker import Worker
 
 log = structlog.get_logger("inferq.worker")
+
+HOUSEKEEPING_EVERY = 20
 
 
 class Reclaimer:
@@ -52,6 +62,8 @@ class Reclaimer:
         self._interval_s = interval_s
         self.reclaimed = 0
         self.renewed = 0
+        self.pruned = 0
+        self._ticks = 0
 
     async def run(self) -> None:
         while not cancelling():
@@ -62,6 +74,12 @@ class Reclaimer:
                 log.warning("reclaim pass failed", error=str(e))
 
     async def tick(self) -> None:
+        self._ticks += 1
+        if self._ticks % HOUSEKEEPING_EVERY == 0:
+            for slot in self._worker.slots.values():
+                for stream in slot.streams:
+                    await self.trim(stream)
+                    await self.prune(stream)
         await self.renew()
         for name, slot in self._worker.slots.items():
             for stream in slot.streams:
@@ -122,6 +140,45 @@ class Reclaimer:
             )
 
         self._worker.accept(stream, claimed, poison=poison)
+
+    async def trim(self, stream: str) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.xinfo_groups(stream)
+        pipe.xpending(stream, GROUP)
+        try:
+            groups, pending = await pipe.execute()
+        except ResponseError:
+            return  # no stream or no group yet: nothing was ever delivered
+        group = next((g for g in groups if _text(g["name"]) == GROUP), None)
+        if group is None:
+            return
+        delivered = _text(group["last-delivered-id"])
+        if delivered == "0-0":
+            return
+        floor = _text(pending["min"]) if pending["pending"] else _after(delivered)
+        await self._redis.xtrim(stream, minid=floor, approximate=False)
+
+    async def prune(self, stream: str) -> None:
+        try:
+            consumers = await self._redis.xinfo_consumers(stream, GROUP)
+        except ResponseError:
+            return
+        live = await self._redis.zrangebyscore(
+            self._worker.keys.workers, self._worker.clock.now_ms(), "+inf"
+        )
+        alive = {_text(w) for w in cast(list[bytes], live)} | {self._worker.id}
+        for c in consumers:
+            name = _text(c["name"])
+            if name in alive or c["pending"] or c["idle"] < 10 * self._claim_idle_ms:
+                continue
+            await self._redis.xgroup_delconsumer(stream, GROUP, name)
+            self.pruned += 1
+            log.info("removed a gone worker's consumer", stream=stream, consumer=name)
+
+
+def _after(entry_id: str) -> str:
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
 
 
 def _text(value: bytes | str) -> str:

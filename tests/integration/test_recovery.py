@@ -94,3 +94,37 @@ def test_an_entry_delivered_too_often_is_dead_lettered_and_its_caller_answered(
         assert "delivered 6 times" not in reply.error and "dead-letter" in reply.error
         assert b"dead-letter" in r.xrange(keys.dlq("sim"))[0][1][b"reason"]
     assert worker.backend("sim").calls == 0
+
+
+def test_streams_are_trimmed_only_below_what_was_delivered_and_acknowledged(
+    stack, redis_url, namespace
+):
+    from tests.support import sim_body
+
+    keys = Keys(namespace)
+    s = stack(workers=0)
+    s.add_worker(("sim",), claim_idle_ms=100)  # housekeeping every 20 passes of 25 ms
+    s.wait_ready("sim")
+    for i in range(30):
+        assert s.infer("sim", sim_body(i)).status_code == 200
+    stream = keys.stream("sim", Lane.NORMAL)
+    with redis.Redis.from_url(redis_url) as r:
+        wait_until(lambda: r.xlen(stream) == 0, what="the acknowledged entries trimmed")
+        group = r.xinfo_groups(stream)[0]
+        assert group["entries-read"] == 30 and group["lag"] == 0  # lag still known
+
+
+def test_consumers_of_gone_workers_are_removed_once_they_hold_nothing(stack, redis_url, namespace):
+    keys = Keys(namespace)
+    stream = keys.stream("sim", Lane.NORMAL)
+    with redis.Redis.from_url(redis_url) as r:
+        r.xgroup_create(stream, GROUP, id="$", mkstream=True)
+        r.xgroup_createconsumer(stream, GROUP, "long-gone")
+        s = stack(workers=0)
+        worker = s.add_worker(("sim",), claim_idle_ms=100)
+
+        def consumers() -> set[str]:
+            return {c["name"].decode() for c in r.xinfo_consumers(stream, GROUP)}
+
+        wait_until(lambda: "long-gone" not in consumers(), what="the gone consumer removed")
+        assert worker.worker.id in consumers()
