@@ -321,6 +321,7 @@ class Worker:
     async def _read_loop(self) -> None:
         assert self._reader is not None
         backoff = 0.05
+        missing_groups = False
         while not cancelling():
             streams, count, block = self._wanted()
             if not streams:
@@ -328,6 +329,9 @@ class Worker:
                 await self._reader_wake.wait()
                 continue
             try:
+                if missing_groups:
+                    await self._ensure_groups()
+                    missing_groups = False
                 if self._reader_client_id is None:
                     self._reader_client_id = int(await self._reader.client_id())
                 if block:
@@ -347,7 +351,7 @@ class Worker:
                 if "NOGROUP" not in str(e):
                     raise
                 log.warning("consumer group missing (Redis restarted empty?), recreating")
-                await self._ensure_groups()
+                missing_groups = True
                 continue
             except _CONNECTION_ERRORS as e:
                 log.warning("read failed, retrying", error=str(e), backoff_s=backoff)
