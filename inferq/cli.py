@@ -195,6 +195,12 @@ def _worker_flags(e: _Env) -> None:
         help="on SIGTERM, how long to finish in-flight batches",
     )
     e.add(
+        "--worker-id",
+        env="INFERQ_WORKER_ID",
+        help="consumer name in the group (default: host-pid-random); reuse a dead worker's "
+        "name to recover its pending entries at once",
+    )
+    e.add(
         "--claim-idle-ms",
         env="INFERQ_CLAIM_IDLE_MS",
         type=_positive_int,
@@ -327,6 +333,7 @@ def run_worker(args: argparse.Namespace) -> int:
         device=args.device,
         drain_timeout_s=args.drain_timeout_s,
         claim_idle_ms=args.claim_idle_ms,
+        **({"worker_id": args.worker_id} if args.worker_id else {}),
         max_deliveries=args.max_deliveries,
         heartbeat_s=args.heartbeat_s,
         log_level=args.log_level,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -35,12 +36,15 @@ def _die_with_parent() -> None:
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+    # Each worker must have its own consumer name: never hand them a shared INFERQ_WORKER_ID.
+    env = {k: v for k, v in os.environ.items() if k != "INFERQ_WORKER_ID"}
     return subprocess.Popen(
         [sys.executable, "-m", "inferq", *argv],
         preexec_fn=_die_with_parent,
         # Own process group: a terminal's Ctrl-C reaches only `inferq up`, which then stops
         # the children in order instead of all at once.
         process_group=0,
+        env=env,
     )
 
 

@@ -1,0 +1,306 @@
+"""The chaos suite: kill, stop and restart real worker processes under load, and count.
+
+Every scenario sends requests with unique ids and checks each answer: sent / answered / lost /
+duplicate / errors, printed as one figure line per scenario (``pytest -s`` shows them). Workers
+are real ``inferq worker`` processes so they can be SIGKILLed; the gateway runs in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from loadgen.http import HTTPConnection
+from protocol.keys import GROUP, Keys, Lane
+from tests.support import Stack, wait_until, write_simulated_model
+
+TOTAL = 2_000
+
+
+@pytest.fixture(scope="module")
+def chaos_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    repo = tmp_path_factory.mktemp("chaos-models")
+    write_simulated_model(repo, "chaos", base_ms=20, per_row_ms=0.1, max_batch=16)
+    write_simulated_model(repo, "long", base_ms=900, per_row_ms=0, max_batch=8)
+    return repo
+
+
+class Workers:
+    """Real worker processes; all are stopped (SIGKILL if need be) at the end."""
+
+    def __init__(self, redis_url: str, namespace: str, repo: Path) -> None:
+        self.redis_url, self.namespace, self.repo = redis_url, namespace, repo
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, model: str, *extra: str) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "inferq",
+                "worker",
+                "--redis",
+                self.redis_url,
+                "--namespace",
+                self.namespace,
+                "--model-repository",
+                str(self.repo),
+                "--models",
+                model,
+                "--log-level",
+                "warning",
+                "--heartbeat-s",
+                "0.5",
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.procs.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def workers(redis_url, namespace, chaos_repo):
+    w = Workers(redis_url, namespace, chaos_repo)
+    yield w
+    w.stop_all()
+
+
+@pytest.fixture
+def gateway(redis_url, namespace, chaos_repo):
+    started: list = []
+    s = Stack(redis_url, namespace, chaos_repo, started)
+    s.start_gateway()
+    yield s
+    for thing in reversed(started):
+        thing.stop()
+
+
+def body(i: int, **parameters: object) -> bytes:
+    doc: dict = {
+        "id": f"req-{i}",
+        "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [i] * 4}],
+    }
+    if parameters:
+        doc["parameters"] = parameters
+    return json.dumps(doc).encode()
+
+
+@dataclass
+class Tally:
+    sent: int = 0
+    answers: Counter[str] = field(default_factory=Counter)
+    """Responses per request id: a request never answered is lost (hung)."""
+    wrong: int = 0
+    statuses: Counter[int] = field(default_factory=Counter)
+
+    @property
+    def answered(self) -> int:
+        return sum(1 for n in self.answers.values() if n >= 1)
+
+    def line(self, name: str, **extra: object) -> str:
+        duplicates = sum(n - 1 for n in self.answers.values() if n > 1)
+        errors = sum(n for s, n in self.statuses.items() if s != 200)
+        figures = " ".join(f"{k}={v}" for k, v in extra.items())
+        return (
+            f"chaos[{name}]: sent={self.sent} answered={self.answered} "
+            f"lost={self.sent - self.answered} duplicates={duplicates} errors={errors} "
+            f"wrong={self.wrong} {figures}"
+        ).strip()
+
+
+async def load(
+    url: str,
+    model: str,
+    n: int,
+    concurrency: int,
+    tally: Tally,
+    on_progress=None,
+    **parameters: object,
+) -> None:
+    """Send requests 0..n-1 over ``concurrency`` connections; check every answer's value."""
+    host, port = url.removeprefix("http://").split(":")
+    next_i = iter(range(n))
+
+    async def lane() -> None:
+        async with HTTPConnection(host, int(port), timeout=60) as conn:
+            for i in next_i:
+                tally.sent += 1
+                r = await conn.request(
+                    "POST",
+                    f"/v2/models/{model}/infer",
+                    body(i, **parameters),
+                    {"content-type": "application/json"},
+                )
+                tally.statuses[r.status] += 1
+                tally.answers[f"req-{i}"] += 1  # any answer, success or error: not lost
+                if r.status == 200:
+                    doc = r.json()
+                    if doc["id"] != f"req-{i}" or doc["outputs"][0]["data"] != [4.0 * i]:
+                        tally.wrong += 1
+                if on_progress is not None:
+                    on_progress(tally)
+
+    await asyncio.gather(*(lane() for _ in range(concurrency)))
+
+
+def live_workers(s: Stack, model: str) -> int:
+    entry = s.gateway.gateway.registry.models.get(model)
+    return entry.workers if entry else 0
+
+
+def test_sigkill_of_a_worker_during_inference_loses_nothing(gateway, workers, capsys):
+    procs = [workers.start("chaos", "--claim-idle-ms", "1000") for _ in range(4)]
+    wait_until(lambda: live_workers(gateway, "chaos") == 4, timeout_s=30, what="four workers")
+    tally = Tally()
+    killed_at: list[float] = []
+
+    def kill_once(t: Tally) -> None:
+        if not killed_at and t.answered >= TOTAL // 4:
+            procs[0].send_signal(signal.SIGKILL)
+            killed_at.append(time.monotonic())
+
+    asyncio.run(load(gateway.url, "chaos", TOTAL, 64, tally, on_progress=kill_once))
+    recovered_s = time.monotonic() - killed_at[0]
+    with capsys.disabled():
+        print(
+            "\n"
+            + tally.line(
+                "1 sigkill", killed_after=TOTAL // 4, last_answer_after_kill_s=f"{recovered_s:.1f}"
+            )
+        )
+    assert procs[0].poll() == -signal.SIGKILL
+    assert tally.answered == TOTAL and tally.wrong == 0 and tally.statuses[200] == TOTAL
+
+
+def test_a_restarted_worker_recovers_its_own_pending_entries_at_once(
+    gateway, workers, redis_url, capsys
+):
+    keys = Keys(gateway.namespace)
+    first = workers.start("long", "--worker-id", "w-fixed", "--claim-idle-ms", "600000")
+    wait_until(lambda: live_workers(gateway, "long") == 1, timeout_s=30, what="the worker")
+    tally = Tally()
+
+    async def scenario() -> None:
+        task = asyncio.create_task(load(gateway.url, "long", 8, 8, tally))
+        stream = keys.stream("long", Lane.NORMAL)
+        with redis.Redis.from_url(redis_url) as r:
+            await asyncio.to_thread(
+                wait_until, lambda: r.xpending(stream, GROUP)["pending"] == 8, 30, "8 pending"
+            )
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        started = time.monotonic()
+        workers.start("long", "--worker-id", "w-fixed", "--claim-idle-ms", "600000")
+        await task
+        with capsys.disabled():
+            print(
+                "\n"
+                + tally.line(
+                    "2 same-name restart", recovered_in_s=f"{time.monotonic() - started:.1f}"
+                )
+            )
+
+    asyncio.run(scenario())
+    # Recovered from its own pending list (claim_idle is ten minutes: no reclaim happened).
+    assert tally.answered == 8 and tally.wrong == 0
+
+
+def test_a_stopped_then_resumed_worker_causes_no_duplicate_replies(gateway, workers, capsys):
+    procs = [workers.start("chaos", "--claim-idle-ms", "500") for _ in range(2)]
+    wait_until(lambda: live_workers(gateway, "chaos") == 2, timeout_s=30, what="two workers")
+    tally = Tally()
+    stopped: list[int] = []
+
+    def stop_once(t: Tally) -> None:
+        if not stopped and t.answered >= 100:
+            procs[0].send_signal(signal.SIGSTOP)
+            stopped.append(1)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(
+            load(gateway.url, "chaos", 600, 32, tally, on_progress=stop_once)
+        )
+        await asyncio.to_thread(wait_until, lambda: bool(stopped), 30, "the stop")
+        await asyncio.sleep(1.5)  # hold it stopped past its 500 ms lease
+        procs[0].send_signal(signal.SIGCONT)
+        await task
+
+    asyncio.run(scenario())
+    with capsys.disabled():
+        print("\n" + tally.line("3 sigstop past lease"))
+    assert tally.answered == 600 and tally.wrong == 0
+    assert max(tally.answers.values()) == 1
+
+
+def test_requests_whose_deadline_passed_before_workers_came_back_never_run(
+    gateway, workers, redis_url, capsys
+):
+    keys = Keys(gateway.namespace)
+    first = workers.start("chaos")
+    wait_until(lambda: live_workers(gateway, "chaos") == 1, timeout_s=30, what="the worker")
+    first.send_signal(signal.SIGTERM)
+    first.wait(30)
+    tally = Tally()
+    asyncio.run(load(gateway.url, "chaos", 50, 50, tally, timeout=1_000_000))  # 1 s deadlines
+    assert tally.statuses[504] == 50
+    time.sleep(2)  # the scenario: workers come back 3 s after the requests were sent
+    workers.start("chaos")
+    stream = keys.stream("chaos", Lane.NORMAL)
+    with redis.Redis.from_url(redis_url) as r:
+        wait_until(
+            lambda: (
+                r.xinfo_groups(stream)[0]["lag"] == 0 and r.xpending(stream, GROUP)["pending"] == 0
+            ),
+            30,
+            "all 50 read and acked",
+        )
+        executed = sum(1 for k in r.scan_iter(match=f"{gateway.namespace}:result:*"))
+    with capsys.disabled():
+        print("\n" + tally.line("6 deadline before restart", executed=executed))
+    assert executed == 0
+
+
+def test_sigterm_scale_in_under_load_fails_nothing_and_leaves_no_pending(
+    gateway, workers, redis_url, capsys
+):
+    keys = Keys(gateway.namespace)
+    procs = [workers.start("chaos") for _ in range(3)]
+    wait_until(lambda: live_workers(gateway, "chaos") == 3, timeout_s=30, what="three workers")
+    tally = Tally()
+    terminated: list[int] = []
+
+    def scale_in(t: Tally) -> None:
+        if not terminated and t.answered >= 300:
+            procs[0].send_signal(signal.SIGTERM)
+            terminated.append(1)
+
+    asyncio.run(load(gateway.url, "chaos", 1_200, 48, tally, on_progress=scale_in))
+    assert procs[0].wait(30) == 0
+    with redis.Redis.from_url(redis_url) as r:
+        leftovers = {
+            c["name"].decode(): c["pending"]
+            for lane in Lane
+            for c in r.xinfo_consumers(keys.stream("chaos", lane), GROUP)
+        }
+    with capsys.disabled():
+        print("\n" + tally.line("11 sigterm scale-in", exit_code=procs[0].returncode))
+    assert tally.answered == 1_200 and tally.statuses[200] == 1_200
+    assert all(p == 0 for p in leftovers.values()), leftovers
