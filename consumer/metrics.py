@@ -4,12 +4,13 @@ One ``WorkerMetrics`` per worker process (the ``Worker`` owns it); every metric 
 once, with its help text and fixed label names. Who calls what:
 
 - ``Worker.start``: ``set_info(self.id)``, ``track_held(lambda: self.holding)``; when the
-  metrics port is not 0, ``MetricsServer(metrics.registry, port).start()``; ``Worker.stop``
+  metrics port is not 0, ``MetricsServer(metrics.registry, port).start()``. ``Worker.stop``
   calls ``await asyncio.to_thread(server.stop)`` last.
-- ``Worker._deliver``, per request decoded from a stream:
+- ``Worker.accept`` (entries from a read or a reclaim), per request decoded:
   ``observe_dequeued(model, lane, (now_ms - request.enqueued_ms) / 1000)`` (lane:
-  ``LANES_BY_PRIORITY[slot.lane_of[stream]].value``); per entry moved to the dead-letter stream:
-  ``observe_dead_letter(model, "undecodable")``.
+  ``LANES_BY_PRIORITY[slot.lane_of[stream]].value``); per entry sent to the dead-letter stream:
+  ``observe_dead_letter(model, "undecodable")``, or ``"poison"`` when ``poison(i)`` named a
+  reason.
 - ``Worker._run_batch``, after the model call: ``observe_batch(model, requests=len(batch),
   rows=sum of rows_of(request), batch_waits_s=[started - d.read_at ...],
   inference_s=outcome.infer_s)``, and per result ``observe_result(model, version, status)``.
@@ -17,8 +18,8 @@ once, with its help text and fixed label names. Who calls what:
 - ``ResultWriter``, once the pipeline holding a result and its reply notification completed:
   ``observe_reply(model, time.monotonic() - finished_at)``, where ``finished_at`` is when the
   model call (or the expiry answer) ended; ``Outgoing`` needs to carry the model and that time.
-- Reclaiming a dead worker's entries (``XAUTOCLAIM``, not built yet): ``observe_reclaimed(model,
-  n)``; running an entry again after a failure or redelivery: ``observe_retry(model)``.
+- ``Reclaimer.reclaim``, after ``XCLAIM``: ``observe_reclaimed(model, len(claimed))``, and
+  ``observe_retry(model)`` for each claimed entry that will run again (not poison).
 
 Queue wait is measured on the Redis clock (gateway ``enqueued_ms`` to worker read), so host
 clock skew does not enter it; the other stages use this process's monotonic clock.
@@ -43,8 +44,8 @@ RESULT_STATUSES = ("ok", "invalid", "failed")
 less ``expired``, which has its own counter); else ``other``."""
 
 DEAD_LETTER_REASONS = ("undecodable", "poison")
-"""``undecodable``: not a request message; ``poison``: failed its batch alone (bisection, when
-it lands). Anything else is recorded as ``other``."""
+"""``undecodable``: not a request message; ``poison``: delivered ``--max-deliveries`` times
+without completing (it may crash workers). Anything else is recorded as ``other``."""
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:
@@ -73,19 +74,20 @@ class WorkerMetrics:
         self.dead_lettered = Counter(
             "inferq_worker_dead_lettered_total",
             "Stream entries moved to the model's dead-letter stream, by model and reason "
-            "(undecodable, poison).",
+            "(undecodable, poison: delivered too often without completing).",
             ["model", "reason"],
             registry=r,
         )
         self.retried = Counter(
             "inferq_worker_retried_total",
-            "Requests run again after a failed or interrupted attempt, by model.",
+            "Requests run again after an interrupted attempt (reclaimed from a worker that "
+            "died or stalled), by model.",
             model,
             registry=r,
         )
         self.reclaimed = Counter(
             "inferq_worker_reclaimed_total",
-            "Pending entries of dead workers claimed by this worker (XAUTOCLAIM), by model.",
+            "Pending entries of dead or stalled workers claimed by this worker (XCLAIM), by model.",
             model,
             registry=r,
         )

@@ -52,13 +52,11 @@ class Reclaimer:
         worker: Worker,
         *,
         claim_idle_ms: int,
-        max_deliveries: int,
         interval_s: float,
     ) -> None:
         self._redis = redis
         self._worker = worker
         self._claim_idle_ms = claim_idle_ms
-        self._max_deliveries = max_deliveries
         self._interval_s = interval_s
         self.reclaimed = 0
         self.renewed = 0
@@ -129,17 +127,11 @@ class Reclaimer:
             consumers=sorted({_text(p["consumer"]) for p in candidates}),
         )
 
-        def poison(i: int) -> str | None:
+        def times(i: int) -> int:
             # XCLAIM just counted one more delivery on top of what XPENDING reported.
-            times = deliveries.get(claimed[i][0], 0) + 1
-            if times <= self._max_deliveries:
-                return None
-            return (
-                f"the request was delivered {times - 1} times without completing (it may "
-                "crash workers); it was moved to the dead-letter stream"
-            )
+            return deliveries.get(claimed[i][0], 0) + 1
 
-        self._worker.accept(stream, claimed, poison=poison)
+        self._worker.accept(stream, claimed, deliveries=times)
 
     async def trim(self, stream: str) -> None:
         pipe = self._redis.pipeline(transaction=False)

@@ -37,6 +37,8 @@ class SimulatedLatency:
     jitter_ms: float = 0.0
     failure_rate: float = 0.0
     seed: int = 0
+    crash_value: float | None = None
+    """An input value that makes the worker process exit at once (chaos tests)."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,9 @@ def load_config(repo: Path, name: str) -> ModelConfig:
             jitter_ms=float(sim.get("jitter_ms", (int, float), 0.0)),
             failure_rate=float(sim.get("failure_rate", (int, float), 0.0)),
             seed=int(sim.get("seed", int, 0)),
+            crash_value=(
+                float(sim.get("crash_value", (int, float))) if "crash_value" in sim.table else None
+            ),
         ),
     )
     if config.flush_ms < 0 or not math.isfinite(config.flush_ms):

@@ -216,7 +216,6 @@ class Worker:
             self._redis,
             self,
             claim_idle_ms=s.claim_idle_ms,
-            max_deliveries=s.max_deliveries,
             interval_s=max(0.05, s.claim_idle_ms / 1000 / 4),
         )
         self._spawn(self.reclaimer.run(), "reclaimer")
@@ -389,12 +388,18 @@ class Worker:
                 slot.changed.set()
 
     def accept(
-        self, stream: str, entries: list[Any], *, poison: Callable[[int], str | None] | None = None
+        self,
+        stream: str,
+        entries: list[Any],
+        *,
+        deliveries: Callable[[int], int] | None = None,
     ) -> None:
         """Queue entries read from (or claimed on) a stream for their model's next batches.
 
-        ``poison(i)``, when given, names why entry ``i`` must not run again (it was delivered
-        too often): it is dead-lettered and its caller answered with that reason.
+        ``deliveries(i)``, when given (reclaimed entries), is how often entry ``i`` has been
+        delivered. Past ``max_deliveries`` it is not run again: it is dead-lettered and its
+        caller answered with the reason. An entry delivered more than once runs in a batch of its
+        own, so if it is what crashes workers it takes no other request down with it.
         """
         parsed = self.keys.parse_stream(stream)
         slot = self.slots.get(parsed[0]) if parsed else None
@@ -429,8 +434,12 @@ class Worker:
                     Outgoing(stream, entry_id, None, dead_letter=dlq, reason=str(e), raw=payload)
                 )
                 continue
-            reason = poison(i) if poison is not None else None
-            if reason is not None:
+            times = deliveries(i) if deliveries is not None else 1
+            if times > self.settings.max_deliveries:
+                reason = (
+                    f"the request was delivered {times - 1} times without completing (it may "
+                    "crash workers); it was moved to the dead-letter stream"
+                )
                 log.error(
                     "request moved to dead letters",
                     stream=stream,
@@ -460,7 +469,7 @@ class Worker:
                     delivery,
                     lane=slot.lane_of[stream],
                     rows=rows_of(request),
-                    group=batch_group(request),
+                    group=batch_group(request) if times == 1 else ("suspect", stream, entry_id),
                     arrived=now,
                     deadline=now + (request.deadline_ms - now_ms) / 1000,
                 )

@@ -7,11 +7,14 @@ several accelerators would. Figures measured with it show what the queueing and 
 do, not what any real model achieves.
 
 Each output row is filled with the sum of the first input's row (as float), so tests can check
-that results are split back to the right requests. ``failure_rate`` makes a call raise.
+that results are split back to the right requests. ``failure_rate`` makes a call raise;
+``crash_value`` makes the whole worker process exit at once (like a segfault in a native
+library) when any input element equals it, so the chaos tests can model a poison input.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -43,6 +46,9 @@ class SimulatedBackend:
     def predict(self, inputs: Arrays) -> Arrays:
         first = inputs[self.config.inputs[0].name]
         rows = int(first.shape[0])
+        crash = self.config.simulated.crash_value
+        if crash is not None and bool((first == crash).any()):
+            os._exit(70)  # no cleanup, no reply, no ack: exactly what a native crash leaves
         with self._lock:
             self.calls += 1
             fail = self._random.random() < self.config.simulated.failure_rate

@@ -32,6 +32,11 @@ def chaos_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = tmp_path_factory.mktemp("chaos-models")
     write_simulated_model(repo, "chaos", base_ms=20, per_row_ms=0.1, max_batch=16)
     write_simulated_model(repo, "long", base_ms=900, per_row_ms=0, max_batch=8)
+    write_simulated_model(repo, "crashy", base_ms=10, per_row_ms=0.1, max_batch=8)
+    config = repo / "crashy" / "config.toml"
+    config.write_text(
+        config.read_text().replace("[simulated]\n", "[simulated]\ncrash_value = -1\n")
+    )
     return repo
 
 
@@ -304,3 +309,44 @@ def test_sigterm_scale_in_under_load_fails_nothing_and_leaves_no_pending(
         print("\n" + tally.line("11 sigterm scale-in", exit_code=procs[0].returncode))
     assert tally.answered == 1_200 and tally.statuses[200] == 1_200
     assert all(p == 0 for p in leftovers.values()), leftovers
+
+
+def test_a_request_that_crashes_every_worker_is_dead_lettered_and_the_rest_answered(
+    gateway, workers, redis_url, capsys
+):
+    keys = Keys(gateway.namespace)
+    procs = [
+        workers.start("crashy", "--claim-idle-ms", "500", "--max-deliveries", "3") for _ in range(4)
+    ]
+    wait_until(lambda: live_workers(gateway, "crashy") == 4, timeout_s=30, what="four workers")
+    tally = Tally()
+
+    async def scenario() -> tuple[int, str]:
+        host, port = gateway.url.removeprefix("http://").split(":")
+        async with HTTPConnection(host, int(port), timeout=60) as conn:
+            poison = asyncio.create_task(
+                conn.request(
+                    "POST",
+                    "/v2/models/crashy/infer",
+                    body(-1),
+                    {"content-type": "application/json"},
+                )
+            )
+            await load(gateway.url, "crashy", 300, 16, tally)
+            r = await poison
+            return r.status, r.json()["error"]
+
+    status, error = asyncio.run(scenario())
+    crashed = sum(1 for p in procs if p.poll() == 70)
+    with redis.Redis.from_url(redis_url) as r:
+        dead = r.xlen(keys.dlq("crashy"))
+    with capsys.disabled():
+        print(
+            "\n"
+            + tally.line(
+                "5 poison crash", workers_crashed=crashed, dead_letters=dead, poison_status=status
+            )
+        )
+    assert status == 500 and "dead-letter" in error
+    assert dead == 1 and 1 <= crashed <= 3
+    assert tally.answered == 300 and tally.statuses[200] == 300 and tally.wrong == 0
