@@ -25,6 +25,7 @@ from producer.errors import (
 )
 from producer.gateway import Gateway
 from producer.jobs import render as render_job
+from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
@@ -243,6 +244,10 @@ async def cancel_job(request: Request) -> Response:
     return _job_response(record)
 
 
+async def openapi(request: Request) -> Response:
+    return JSONResponse(request.app.state.openapi)
+
+
 async def gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     headers = {}
@@ -276,6 +281,7 @@ def routes() -> list[Route]:
         Route("/v2/health/live", live),
         Route("/v2/health/ready", ready),
         Route("/v2", server_metadata),
+        Route("/openapi.json", openapi),
         *(Route(base, model_metadata) for base in (model, versioned)),
         *(Route(base + "/ready", model_ready) for base in (model, versioned)),
         *(Route(base + "/infer", infer, methods=["POST"]) for base in (model, versioned)),
@@ -306,4 +312,5 @@ def create_app(settings: GatewaySettings) -> Starlette:
         },
     )
     app.state.gateway = gateway
+    app.state.openapi = openapi_document()
     return app
