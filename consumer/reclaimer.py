@@ -120,6 +120,12 @@ class Reclaimer:
         if not claimed:
             return
         self.reclaimed += len(claimed)
+        model = stream_model(self._worker, stream)
+        self._worker.metrics.observe_reclaimed(model, len(claimed))
+        limit = self._worker.settings.max_deliveries
+        retried = sum(1 for entry in claimed if deliveries.get(entry[0], 0) + 1 <= limit)
+        if retried:
+            self._worker.metrics.observe_retry(model, retried)
         log.info(
             "reclaimed entries from an idle consumer",
             stream=stream,
@@ -166,6 +172,11 @@ class Reclaimer:
             await self._redis.xgroup_delconsumer(stream, GROUP, name)
             self.pruned += 1
             log.info("removed a gone worker's consumer", stream=stream, consumer=name)
+
+
+def stream_model(worker: Worker, stream: str) -> str:
+    parsed = worker.keys.parse_stream(stream)
+    return parsed[0] if parsed else ""
 
 
 def _after(entry_id: str) -> str:

@@ -35,6 +35,8 @@ class WorkerSettings:
     block_ms: int = 2000
     """How long one blocking read waits before looping (not a latency: reads return at once
     when a request arrives)."""
+    metrics_port: int = 0
+    """Port of the worker's ``/metrics``; 0 is off (the CLI's default is 9100)."""
     drain_timeout_s: float = 30.0
     claim_idle_ms: int = 30_000
     """An entry pending this long without its worker renewing it is taken over by another."""

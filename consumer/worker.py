@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumer.advertiser import Advertiser
 from consumer.batcher import BatchPolicy, BatchQueue, Queued
+from consumer.metrics import MetricsServer, WorkerMetrics
 from consumer.model import ServedModel, batch_group, rows_of
 from consumer.reclaimer import Reclaimer
 from consumer.repository import list_models, load_config
@@ -120,12 +121,18 @@ class ModelSlot:
         return not self.busy and len(self.queue) > 0 and not self.drained
 
 
+class MetricsPortError(RuntimeError):
+    """The worker's metrics port cannot be bound."""
+
+
 class Worker:
     def __init__(self, settings: WorkerSettings) -> None:
         self.settings = settings
         self.id = settings.worker_id
         self.keys = Keys(settings.namespace)
         self.stats = WorkerStats()
+        self.metrics = WorkerMetrics()
+        self._metrics_server: MetricsServer | None = None
         self.clock = RedisClock()
         self.slots: dict[str, ModelSlot] = {}
         self.started = asyncio.Event()
@@ -178,6 +185,18 @@ class Worker:
         for m in models:
             await asyncio.to_thread(m.load)
             self.slots[m.name] = ModelSlot(m, self.keys)
+        self.metrics.set_info(self.id)
+        self.metrics.track_held(lambda: self.holding)
+        if s.metrics_port:
+            self._metrics_server = MetricsServer(self.metrics.registry, s.metrics_port)
+            try:
+                self._metrics_server.start()
+            except OSError as e:
+                self._metrics_server = None
+                raise MetricsPortError(
+                    f"cannot serve metrics on port {s.metrics_port}: {e}; pick another with "
+                    "--metrics-port, or 0 to turn them off"
+                ) from e
         self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
         self._reader = blocking_client(
             s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
@@ -194,6 +213,7 @@ class Worker:
         self._transition = self._redis.register_script(TRANSITION_SCRIPT)
         self._writer = ResultWriter(
             self._redis,
+            metrics=self.metrics,
             job_events=self.keys.job_events,
             transition=self._transition,
             on_written=self._release,
@@ -247,6 +267,8 @@ class Worker:
         for slot in self.slots.values():
             slot.executor.shutdown(wait=True)
             slot.model.unload()
+        if self._metrics_server is not None:
+            await asyncio.to_thread(self._metrics_server.stop)
         log.info(
             "worker stopped",
             worker=self.id,
@@ -430,6 +452,7 @@ class Worker:
                     error=str(e),
                 )
                 self.stats.dead_lettered += 1
+                self.metrics.observe_dead_letter(slot.model.name, "undecodable")
                 out.append(
                     Outgoing(stream, entry_id, None, dead_letter=dlq, reason=str(e), raw=payload)
                 )
@@ -450,6 +473,7 @@ class Worker:
                     traceparent=request.traceparent,
                 )
                 self.stats.dead_lettered += 1
+                self.metrics.observe_dead_letter(slot.model.name, "poison")
                 failed = InferResult(
                     request.id,
                     Status.FAILED,
@@ -462,6 +486,11 @@ class Worker:
                 poisoned = self._outgoing(delivery, failed)
                 out.append(replace(poisoned, dead_letter=dlq, reason=reason, raw=payload))
                 continue
+            self.metrics.observe_dequeued(
+                slot.model.name,
+                LANES_BY_PRIORITY[slot.lane_of[stream]].value,
+                (now_ms - request.enqueued_ms) / 1000,
+            )
             delivery = Delivery(stream, entry_id, request, now_ms, now)
             slot.idle.clear()
             slot.queue.push(
@@ -579,8 +608,27 @@ class Worker:
         self.stats.batches += 1
         self.stats.requests += len(batch)
         self.stats.batch_sizes.append(len(batch))
+        self.metrics.observe_batch(
+            slot.model.name,
+            requests=len(batch),
+            rows=sum(rows_of(d.request) for d in batch),
+            batch_waits_s=[started - d.read_at for d in batch],
+            inference_s=outcome.infer_s,
+        )
+        finished_at = time.monotonic()
         out = []
         for d, result in zip(batch, outcome.results, strict=True):
+            self.metrics.observe_result(result.model, result.version, result.status.value)
+            log.debug(
+                "request done",
+                component="worker",
+                request_id=d.request.id,
+                model=result.model,
+                version=result.version,
+                status=result.status.value,
+                batch_size=len(batch),
+                traceparent=d.request.traceparent,
+            )
             if result.status is Status.OK:
                 self.stats.executed.append(d.request.id)
             else:
@@ -594,7 +642,7 @@ class Worker:
                     traceparent=d.request.traceparent,
                 )
             timed = _with_timings(result, d, started, batch_size=len(batch))
-            out.append(self._outgoing(d, timed))
+            out.append(replace(self._outgoing(d, timed), finished_at=finished_at))
         assert self._writer is not None
         self._writer.put(out)
 
@@ -602,11 +650,20 @@ class Worker:
         r = d.request
         payload = result.encode()
         if r.kind is Kind.JOB:
-            return Outgoing(d.stream, d.entry_id, payload, job=self._job_update(r, result, payload))
+            return Outgoing(
+                d.stream,
+                d.entry_id,
+                payload,
+                job=self._job_update(r, result, payload),
+                model=r.model,
+                finished_at=time.monotonic(),
+            )
         return Outgoing(
             d.stream,
             d.entry_id,
             payload,
+            model=r.model,
+            finished_at=time.monotonic(),
             # Only successes are stored: the result key doubles as the cache entry.
             result_key=r.result_key if result.status is Status.OK else None,
             ttl_ms=r.result_ttl_ms,
@@ -636,6 +693,7 @@ class Worker:
 
     def _answer_expired(self, slot: ModelSlot, deliveries: list[Delivery]) -> None:
         self.stats.expired += len(deliveries)
+        self.metrics.observe_expired(slot.model.name, len(deliveries))
         out = []
         for d in deliveries:
             r = d.request

@@ -24,6 +24,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from consumer.metrics import WorkerMetrics
 from inferq.aio import cancelling
 from protocol.jobs import JobStatus
 from protocol.keys import GROUP
@@ -67,6 +68,9 @@ class Outgoing:
     reason: str = ""
     raw: bytes | None = None
     """The entry's original payload, for the dead-letter stream."""
+    model: str = ""
+    finished_at: float = 0.0
+    """When the model call (or the expiry answer) ended, monotonic: the reply-stage clock."""
 
 
 class ResultWriter:
@@ -77,6 +81,7 @@ class ResultWriter:
         job_events: str = "",
         transition: AsyncScript | None = None,
         on_written: Callable[[list[Outgoing]], None] | None = None,
+        metrics: WorkerMetrics | None = None,
         ack_delay_s: float = 0.01,
         max_backoff_s: float = 5.0,
     ) -> None:
@@ -84,6 +89,7 @@ class ResultWriter:
         self._job_events = job_events
         self._transition = transition
         self._on_written = on_written
+        self._metrics = metrics
         self._queue: list[Outgoing] = []
         self._unacked: list[Outgoing] = []
         self._ack_delay_s = ack_delay_s
@@ -129,6 +135,11 @@ class ResultWriter:
                     log.warning("results not written, retrying", error=str(e), backoff_s=backoff)
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, self._max_backoff_s)
+            if self._metrics is not None:
+                now = time.monotonic()
+                for out in batch:
+                    if out.finished_at:
+                        self._metrics.observe_reply(out.model, now - out.finished_at)
             if acks and self._on_written is not None:
                 self._on_written(acks)
             if batch:

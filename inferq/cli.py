@@ -195,6 +195,14 @@ def _worker_flags(e: _Env) -> None:
         help="on SIGTERM, how long to finish in-flight batches",
     )
     e.add(
+        "--metrics-port",
+        env="INFERQ_METRICS_PORT",
+        type=int,
+        default=9100,
+        help="port of the worker's Prometheus /metrics (0: off); `inferq up` gives worker i "
+        "this port + i",
+    )
+    e.add(
         "--worker-id",
         env="INFERQ_WORKER_ID",
         help="consumer name in the group (default: host-pid-random); reuse a dead worker's "
@@ -271,8 +279,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _redis_flags(e)
     _worker_flags(e)
 
-    from inferq import dlq
+    from inferq import dlq, lag
 
+    lag.add_parser(sub, environ)
     dlq.add_parser(sub, environ)
     return parser
 
@@ -319,7 +328,7 @@ def run_gateway(args: argparse.Namespace) -> int:
 def run_worker(args: argparse.Namespace) -> int:
     from consumer.repository import RepositoryError
     from consumer.settings import WorkerSettings
-    from consumer.worker import Worker
+    from consumer.worker import MetricsPortError, Worker
     from inferq.logging import configure
 
     configure(args.log_level)
@@ -333,6 +342,7 @@ def run_worker(args: argparse.Namespace) -> int:
         device=args.device,
         drain_timeout_s=args.drain_timeout_s,
         claim_idle_ms=args.claim_idle_ms,
+        metrics_port=args.metrics_port,
         **({"worker_id": args.worker_id} if args.worker_id else {}),
         max_deliveries=args.max_deliveries,
         heartbeat_s=args.heartbeat_s,
@@ -357,7 +367,7 @@ def run_worker(args: argparse.Namespace) -> int:
 
     try:
         _run(main())
-    except RepositoryError as e:
+    except (RepositoryError, MetricsPortError) as e:
         print(f"inferq worker: {e}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
@@ -383,6 +393,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from inferq import dlq
 
         return dlq.run(args)
+    if args.command == "lag":
+        from inferq import lag
+
+        return lag.run(args)
     from inferq.up import run_up
 
     return run_up(args)

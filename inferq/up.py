@@ -52,7 +52,7 @@ def _common(args: argparse.Namespace, redis_url: str) -> list[str]:
     return ["--redis", redis_url, "--namespace", args.namespace, "--log-level", args.log_level]
 
 
-def _worker_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
+def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> list[str]:
     argv = [
         "worker",
         *_common(args, redis_url),
@@ -64,6 +64,8 @@ def _worker_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
         str(args.drain_timeout_s),
         "--claim-idle-ms",
         str(args.claim_idle_ms),
+        "--metrics-port",
+        str(args.metrics_port + index if args.metrics_port else 0),
         "--max-deliveries",
         str(args.max_deliveries),
     ]
@@ -186,7 +188,7 @@ def run_up(args: argparse.Namespace) -> int:
             print(f"inferq up: started a private redis-server at {redis_url}", flush=True)
         else:
             print(f"inferq up: using the Redis at {redact(redis_url)}", flush=True)
-        workers = [_spawn(_worker_argv(args, redis_url)) for _ in range(args.workers)]
+        workers = [_spawn(_worker_argv(args, redis_url, i)) for i in range(args.workers)]
         gateway = _spawn(_gateway_argv(args, redis_url))
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         url = f"http://{host}:{args.port}"

@@ -23,6 +23,8 @@ class Verdict:
     """The estimated queue wait."""
     reason: str = ""
     retry_after_s: float = 0.0
+    kind: str = ""
+    """Why, as a metric label: ``backlog_full`` or ``wait_exceeds_deadline``."""
 
 
 class ServiceTime:
@@ -64,4 +66,5 @@ def decide(
         f"the queue ahead would take about {wait_s * 1000:.0f} ms, longer than the request's "
         f"deadline of {deadline_s * 1000:.0f} ms",
         retry_after_s=max(1.0, wait_s - deadline_s),
+        kind="wait_exceeds_deadline",
     )

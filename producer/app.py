@@ -12,6 +12,7 @@ from typing import Any
 import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -24,7 +25,9 @@ from producer.errors import (
     UnsupportedMediaType,
 )
 from producer.gateway import Gateway
+from producer.instrument import RequestMetrics
 from producer.jobs import render as render_job
+from producer.metrics import metrics_response
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response
@@ -244,6 +247,10 @@ async def cancel_job(request: Request) -> Response:
     return _job_response(record)
 
 
+async def metrics(request: Request) -> Response:
+    return metrics_response(_gateway(request).metrics.registry, request.headers.get("accept"))
+
+
 async def openapi(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
@@ -282,6 +289,7 @@ def routes() -> list[Route]:
         Route("/v2/health/ready", ready),
         Route("/v2", server_metadata),
         Route("/openapi.json", openapi),
+        Route("/metrics", metrics),
         *(Route(base, model_metadata) for base in (model, versioned)),
         *(Route(base + "/ready", model_ready) for base in (model, versioned)),
         *(Route(base + "/infer", infer, methods=["POST"]) for base in (model, versioned)),
@@ -305,6 +313,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
     app = Starlette(
         routes=routes(),
         lifespan=lifespan,
+        middleware=[Middleware(RequestMetrics, gateway=gateway)],
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,

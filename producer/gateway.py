@@ -18,6 +18,7 @@ from inferq.aio import cancelling
 from inferq.connections import RedisClock, blocking_client, command_client, redact
 from producer.errors import ServiceUnavailable
 from producer.jobs import JobService
+from producer.metrics import GatewayMetrics, StreamGauges
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelRegistry
 from producer.replies import ReplyListener
@@ -33,6 +34,7 @@ class Gateway:
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.clock = RedisClock()
+        self.metrics = GatewayMetrics()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
@@ -54,8 +56,9 @@ class Gateway:
             job_events=self.keys.job_events,
         )
         self.service = InferenceService(
-            s, self.keys, self.registry, self.pipeline, self.replies, self.clock
+            s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
         )
+        self.metrics.track_waiters(lambda: self.replies.waiting)
         self.jobs = JobService(s, self.service)
         try:
             await self.clock.sync(self.redis)
@@ -71,6 +74,10 @@ class Gateway:
         self._spawn(self.replies.run_keepalive(s.heartbeat_s), "reply-keepalive")
         self._spawn(self.registry.run(), "registry")
         self._spawn(self._resync_clock(), "clock")
+        gauges = StreamGauges(
+            self.metrics, self.redis, self.keys, self.clock.now_ms, interval_s=s.stream_gauges_s
+        )
+        self._spawn(gauges.run(), "stream-gauges")
         log.info(
             "gateway started",
             gateway=s.gateway_id,

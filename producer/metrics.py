@@ -12,8 +12,9 @@ here once, with its help text and fixed label names. Who calls what:
   ``body_bytes`` is the decompressed body size for ``infer``, None elsewhere.
 - ``service.py`` ``InferenceService.infer``, after the cache ``GET``:
   ``observe_cache(model, hit=...)`` (only when the cache was consulted).
-- ``service.py``, where a request is turned away before it is queued (no live worker: 503;
-  admission control when it lands): ``observe_rejected(model, reason)`` (see ``REJECT_REASONS``).
+- ``service.py``, where a request is turned away before it is queued (``InferenceService.infer``
+  for no live worker and Redis down, ``_admit`` for the backlog cap, the deadline estimate and
+  the breaker): ``observe_rejected(model, reason)`` (see ``REJECT_REASONS``).
 - ``gateway.py`` ``Gateway.start``: ``track_waiters(lambda: self.replies.waiting)``; then
   ``StreamGauges(metrics, self.redis, self.keys, self.clock.now_ms)``, started with the other
   background tasks and stopped in ``Gateway.stop``.
@@ -50,11 +51,24 @@ ENDPOINTS = (
     "health_live",
     "health_ready",
     "metrics",
+    "job_submit",
+    "job_status",
+    "job_cancel",
+    "openapi",
 )
 """Values of the ``endpoint`` label; anything else is recorded as ``other``."""
 
-REJECT_REASONS = ("no_workers", "queue_full", "redis_unavailable")
-"""Values of the ``reason`` label of ``inferq_gateway_rejected_total``; else ``other``."""
+REJECT_REASONS = (
+    "no_workers",
+    "backlog_full",
+    "wait_exceeds_deadline",
+    "breaker_open",
+    "redis_unavailable",
+)
+"""Values of the ``reason`` label of ``inferq_gateway_rejected_total``, one per way a request is
+turned away before it is queued: no live worker (503), the backlog at ``max_backlog`` (429), the
+estimated queue wait longer than the deadline (429), the model's circuit breaker open (503),
+Redis unreachable (503). Anything else is recorded as ``other``."""
 
 STREAM_REFRESH_S = 5.0
 
@@ -110,8 +124,8 @@ class GatewayMetrics:
         )
         self.rejected = Counter(
             "inferq_gateway_rejected_total",
-            "Inference requests turned away before queueing, by model and reason "
-            "(no_workers, queue_full, redis_unavailable).",
+            "Inference requests turned away before queueing, by model and reason (no_workers, "
+            "backlog_full, wait_exceeds_deadline, breaker_open, redis_unavailable).",
             ["model", "reason"],
             registry=r,
         )

@@ -30,6 +30,7 @@ from producer.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
+from producer.metrics import GatewayMetrics
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelEntry, ModelRegistry
 from producer.replies import ReplyListener
@@ -71,6 +72,7 @@ class InferenceService:
         pipeline: AutoPipeline,
         replies: ReplyListener,
         clock: RedisClock,
+        metrics: GatewayMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.keys = keys
@@ -78,6 +80,7 @@ class InferenceService:
         self.pipeline = pipeline
         self.replies = replies
         self.clock = clock
+        self.metrics = metrics or GatewayMetrics()
         # Unique across gateways (random prefix) and cheap (a counter): these ids route replies
         # and are never shown to clients, so they need not be secret.
         self._id_prefix = secrets.token_hex(8)
@@ -135,6 +138,7 @@ class InferenceService:
         body = parse_infer_request(raw, header_length, meta)
         sched = self.schedule(meta, body, no_cache=no_cache)
         if entry.workers == 0:
+            self.metrics.observe_rejected(name, "no_workers")
             raise ServiceUnavailable(
                 f"no live worker serves model '{name}'; start one with "
                 f"`inferq worker --models {name}`",
@@ -146,7 +150,8 @@ class InferenceService:
             else None
         )
         if cache_key is not None:
-            cached = await self._redis("GET", cache_key)
+            cached = await self._redis("GET", cache_key, model=name)
+            self.metrics.observe_cache(name, hit=cached is not None)
             if cached is not None:
                 try:
                     return InferOutcome(body, InferResult.decode(cached), cached=True)
@@ -173,8 +178,19 @@ class InferenceService:
         )
         future = self.replies.expect(request_id)
         try:
-            await self._redis("XADD", self.keys.stream(name, lane), "*", FIELD, request.encode())
+            await self._redis(
+                "XADD", self.keys.stream(name, lane), "*", FIELD, request.encode(), model=name
+            )
             self.registry.note_queued(name)
+            log.debug(
+                "request queued",
+                component="gateway",
+                request_id=request_id,
+                model=name,
+                version=version,
+                lane=lane.value,
+                traceparent=traceparent,
+            )
             remaining = sched.timeout_ms / 1000 - (time.monotonic() - started)
             result = await self.replies.wait(future, remaining)
         except TimeoutError:
@@ -194,6 +210,7 @@ class InferenceService:
         now = time.monotonic()
         breaker = self.breakers.setdefault(name, Breaker())
         if not breaker.allow(now):
+            self.metrics.observe_rejected(name, "breaker_open")
             retry = breaker.retry_after_s(now)
             raise ServiceUnavailable(
                 f"model '{name}' is failing most recent requests; failing fast for the next "
@@ -210,6 +227,7 @@ class InferenceService:
         )
         if not verdict.admitted:
             self.rejected += 1
+            self.metrics.observe_rejected(name, verdict.kind)
             raise TooManyRequests(
                 f"model '{name}' is overloaded: {verdict.reason}",
                 retry_after_s=verdict.retry_after_s,
@@ -226,10 +244,11 @@ class InferenceService:
                 result.status is not Status.FAILED, time.monotonic()
             )
 
-    async def _redis(self, *args: Any) -> Any:
+    async def _redis(self, *args: Any, model: str) -> Any:
         try:
             return await self.pipeline.execute(*args)
         except _REDIS_DOWN as e:
+            self.metrics.observe_rejected(model, "redis_unavailable")
             raise ServiceUnavailable(
                 f"the queue (Redis) is unreachable: {e}", retry_after_s=1
             ) from e

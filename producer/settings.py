@@ -41,4 +41,6 @@ class GatewaySettings:
     """Per model: job submissions beyond this many queued requests get 429."""
     max_job_wait_s: float = 60.0
     """Upper bound on ``GET /v2/jobs/{id}?wait=``."""
+    stream_gauges_s: float = 5.0
+    """How often the stream gauges (length, lag, pending, ...) are refreshed from Redis."""
     log_level: str = "info"

@@ -66,6 +66,8 @@ class Workers:
                 "warning",
                 "--heartbeat-s",
                 "0.5",
+                "--metrics-port",
+                "0",
                 *extra,
             ],
             stdout=subprocess.DEVNULL,

@@ -120,6 +120,8 @@ def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
             "2",
             "--log-level",
             "warning",
+            "--metrics-port",
+            "0",
             "--model-repository",
             str(REPO_ROOT / "models"),
         ],

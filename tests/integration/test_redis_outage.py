@@ -35,11 +35,17 @@ def test_the_gateway_answers_503_while_redis_is_down_and_everything_recovers(
 
         own_redis.start()  # same port, empty: no streams, no groups, no registry
         with s.client() as c:
-            wait_until(lambda: c.get("/v2/health/ready").status_code == 200, timeout_s=20,
-                       what="readiness after Redis came back")
+            wait_until(
+                lambda: c.get("/v2/health/ready").status_code == 200,
+                timeout_s=20,
+                what="readiness after Redis came back",
+            )
         # The worker recreated its consumer groups; the gateway its reply stream.
-        wait_until(lambda: s.infer("sim", sim_body(3)).status_code == 200, timeout_s=20,
-                   what="inference after Redis came back")
+        wait_until(
+            lambda: s.infer("sim", sim_body(3)).status_code == 200,
+            timeout_s=20,
+            what="inference after Redis came back",
+        )
         assert worker.worker.started.is_set()
     finally:
         for thing in reversed(started):

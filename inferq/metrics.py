@@ -1,0 +1,54 @@
+"""What the gateway's and the worker's Prometheus metrics share: buckets, registry, exposition.
+
+Each process owns its metrics through one object (``producer.metrics.GatewayMetrics``,
+``consumer.metrics.WorkerMetrics``) holding its own ``CollectorRegistry``, never the global one,
+so tests can build as many as they like and nothing registers itself on import.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from prometheus_client.exposition import choose_encoder
+
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
+"""Seconds, for every latency histogram: a cached answer (sub-millisecond) up to a long model
+call (tens of seconds). Requests are capped at --max-timeout-ms (300 s by default); anything
+above 60 s lands in +Inf, where a percentile is already an incident."""
+
+COUNT_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+"""Requests or rows per batch: powers of two up to well past any sensible max_batch."""
+
+BYTES_BUCKETS: tuple[float, ...] = tuple(float(256 * 4**i) for i in range(10))
+"""Request bodies: 256 B to 64 MiB (the default --max-body-bytes), by factors of four."""
+
+
+def new_registry() -> CollectorRegistry:
+    """A private registry with the standard process and platform collectors."""
+    registry = CollectorRegistry(auto_describe=True)
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry
+
+
+def exposition(registry: CollectorRegistry, accept: str | None = None) -> tuple[bytes, str]:
+    """The registry's samples in the format the scraper asked for (``Accept``): OpenMetrics
+    when it says so, else the Prometheus text format. Returns the body and its content type."""
+    encoder, content_type = choose_encoder(accept or "")
+    return encoder(registry), content_type

@@ -1,0 +1,554 @@
+"""The deployment assets under ops/ and docker-compose.yml agree with the code: every file they
+reference exists, every flag and INFERQ_* variable they use is one the CLI has, every port
+matches the code's default, and every metric the dashboard and the alerts query is declared.
+
+YAML files are parsed with PyYAML when it is installed (it is not a dev dependency yet; those
+checks skip with that reason otherwise). promtool (Debian: apt-get install prometheus) checks and
+unit-tests the alert rules and the dashboard's queries; without it those tests skip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path, PurePosixPath
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from consumer.metrics import DEFAULT_METRICS_PORT, WorkerMetrics
+from consumer.settings import WorkerSettings
+from inferq.cli import build_parser
+from producer.app import routes
+from producer.metrics import GatewayMetrics
+from producer.settings import GatewaySettings
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys
+
+REPO = Path(__file__).resolve().parents[2]
+OPS = REPO / "ops"
+DASHBOARD = OPS / "grafana" / "dashboards" / "inferq.json"
+ALERTS = OPS / "prometheus" / "alerts.yml"
+K8S = OPS / "k8s"
+
+AWAITED_FLAGS = {"--metrics-port": "INFERQ_METRICS_PORT"}
+"""Worker flag the assets already use and inferq/cli.py does not have yet (issue #6 wiring)."""
+METRIC = re.compile(r"\binferq_[a-z0-9_]*[a-z0-9]\b")
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def yaml() -> Any:
+    return pytest.importorskip(
+        "yaml",
+        reason="PyYAML is not installed (not a dev dependency): the ops YAML files are not "
+        "parsed; add pyyaml to the dev extras to check them",
+    )
+
+
+def load_all(yaml: Any, path: Path) -> list[Any]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+def cli_help(command: str) -> str:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        build_parser({}).parse_args([command, "--help"])
+    return out.getvalue()
+
+
+def cli_env_names() -> set[str]:
+    return {
+        name
+        for command in ("up", "gateway", "worker")
+        for name in re.findall(r"\[env\s+(INFERQ_[A-Z0-9_]+)\]", cli_help(command))
+    }
+
+
+def parse_command(argv: list[str]) -> argparse.Namespace:
+    """Parse an ``inferq ...`` command line with the real CLI, tolerating only awaited flags."""
+    assert argv[0] == "inferq", argv
+    args, unknown = build_parser({}).parse_known_args(argv[1:])
+    assert unknown[0::2] == [f for f in unknown[0::2] if f in AWAITED_FLAGS], unknown
+    return args
+
+
+def awaited_flag_values(argv: list[str]) -> dict[str, str]:
+    return {flag: argv[i + 1] for i, flag in enumerate(argv) if flag in AWAITED_FLAGS}
+
+
+def declared_sample_names() -> set[str]:
+    """Every sample name a gateway or a worker can expose (histograms' _bucket/_sum/_count...)."""
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count", "_created"),
+        "info": ("_info",),
+    }
+    names = set()
+    for registry in (GatewayMetrics().registry, WorkerMetrics().registry):
+        for family in registry.collect():
+            names.update(family.name + suffix for suffix in suffixes[family.type])
+    return names
+
+
+def dashboard() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return data
+
+
+def dashboard_queries() -> list[str]:
+    queries = [
+        target["expr"] for panel in dashboard()["panels"] for target in panel.get("targets", [])
+    ]
+    for variable in dashboard()["templating"]["list"]:
+        queries.append(variable["query"]["query"])
+    return queries
+
+
+def alert_text_without_comments() -> str:
+    return "\n".join(
+        line for line in ALERTS.read_text().splitlines() if not line.lstrip().startswith("#")
+    )
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", (OPS / "Dockerfile").read_text())
+    instructions = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            instructions.append((keyword.upper(), rest.strip()))
+    return instructions
+
+
+def image_layout() -> dict[str, Any]:
+    """What the runtime stage of the Dockerfile sets: workdir, user, env, exposed ports."""
+    stages: list[list[tuple[str, str]]] = []
+    for keyword, rest in dockerfile():
+        if keyword == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append((keyword, rest))
+    runtime = stages[-1]
+    env: dict[str, str] = {}
+    for keyword, rest in runtime:
+        if keyword == "ENV":
+            env.update(re.findall(r"(\w+)=(\S+)", rest))
+    (workdir,) = [rest for keyword, rest in runtime if keyword == "WORKDIR"]
+    (user,) = [rest for keyword, rest in runtime if keyword == "USER"]
+    (cmd,) = [json.loads(rest) for keyword, rest in runtime if keyword == "CMD"]
+    exposed = {int(p) for k, rest in runtime if k == "EXPOSE" for p in rest.split()}
+    return {
+        "stages": len(stages),
+        "workdir": PurePosixPath(workdir),
+        "user": user,
+        "env": env,
+        "cmd": cmd,
+        "exposed": exposed,
+    }
+
+
+def k8s_objects(yaml: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    objects = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        for doc in load_all(yaml, path):
+            objects[(doc["kind"], doc["metadata"]["name"])] = doc
+    return objects
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    result: dict[str, Any] = only
+    return result
+
+
+def container_env(objects: dict[tuple[str, str], dict[str, Any]], c: dict[str, Any]) -> dict:
+    env: dict[str, str] = {}
+    for source in c.get("envFrom", []):
+        env.update(objects[("ConfigMap", source["configMapRef"]["name"])]["data"])
+    env.update({e["name"]: e["value"] for e in c.get("env", [])})
+    return env
+
+
+def route_methods() -> dict[str, set[str]]:
+    methods: dict[str, set[str]] = {}
+    for route in routes():
+        methods.setdefault(route.path, set()).update(route.methods or ())
+    return methods
+
+
+# -- metric names ------------------------------------------------------------------------------
+
+
+def test_every_metric_the_dashboard_queries_is_declared():
+    used = {name for query in dashboard_queries() for name in METRIC.findall(query)}
+    assert len(used) > 15
+    assert used - declared_sample_names() == set()
+
+
+def test_every_metric_the_alert_rules_use_is_declared():
+    used = set(METRIC.findall(alert_text_without_comments()))
+    assert {"inferq_stream_lag", "inferq_dlq_length", "inferq_gateway_requests_total"} <= used
+    assert used - declared_sample_names() == set()
+
+
+def test_the_dashboard_covers_the_documented_panels_with_descriptions():
+    panels = [p for p in dashboard()["panels"] if p["type"] != "row"]
+    ids = [p["id"] for p in dashboard()["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in panels:
+        assert panel["description"] and panel["targets"], panel["title"]
+        assert panel["datasource"]["uid"] == "prometheus"
+    titles = " ".join(p["title"].lower() for p in panels)
+    for subject in ("throughput", "latency", "stage", "batch", "lag", "cache hit", "error"):
+        assert subject in titles, subject
+    readme = (OPS / "README.md").read_text()
+    for panel in panels:
+        assert panel["title"] in readme, f"panel {panel['title']!r} is not described in README"
+
+
+def test_every_alert_is_described_in_the_readme_and_unit_tested(yaml):
+    rules = [
+        rule for group in yaml.safe_load(ALERTS.read_text())["groups"] for rule in group["rules"]
+    ]
+    tests = yaml.safe_load((OPS / "prometheus" / "alerts_test.yml").read_text())
+    tested = {case["alertname"] for t in tests["tests"] for case in t["alert_rule_test"]}
+    readme = (OPS / "README.md").read_text()
+    for rule in rules:
+        assert rule["annotations"]["summary"] and rule["labels"]["severity"]
+        assert rule["alert"] in tested, rule["alert"]
+        assert rule["alert"] in readme, rule["alert"]
+
+
+# -- promtool ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    path = shutil.which("promtool")
+    if path is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    return path
+
+
+def run_promtool(promtool: str, *args: str) -> None:
+    done = subprocess.run(
+        [promtool, *args], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_alert_rules_pass_promtool_check(promtool):
+    run_promtool(promtool, "check", "rules", str(ALERTS))
+
+
+def test_alert_rules_pass_their_promtool_unit_tests(promtool):
+    run_promtool(promtool, "test", "rules", str(OPS / "prometheus" / "alerts_test.yml"))
+
+
+def test_the_prometheus_config_passes_promtool_check(promtool):
+    run_promtool(promtool, "check", "config", str(OPS / "prometheus" / "prometheus.yml"))
+
+
+def test_every_dashboard_query_is_valid_promql(promtool, tmp_path):
+    lines = ["groups:", "  - name: dashboard", "    rules:"]
+    for i, query in enumerate(dashboard_queries()):
+        if query.startswith("label_values("):
+            query = query.removeprefix("label_values(").split(",")[0]
+        expr = query.replace("$__rate_interval", "5m").replace("$model", ".*")
+        lines += [f"      - record: dashboard:query_{i}", f"        expr: {json.dumps(expr)}"]
+    rules = tmp_path / "dashboard.yml"
+    rules.write_text("\n".join(lines) + "\n")
+    run_promtool(promtool, "check", "rules", str(rules))
+
+
+# -- the image ---------------------------------------------------------------------------------
+
+
+def test_the_dockerfile_copies_sources_that_exist_into_a_multi_stage_build():
+    copies = [rest.split() for keyword, rest in dockerfile() if keyword == "COPY"]
+    sources = [part for parts in copies if not parts[0].startswith("--") for part in parts[:-1]]
+    for source in sources:
+        assert (REPO / source).exists(), source
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    for pattern in packages["packages"]["find"]["include"]:
+        assert f"{pattern.rstrip('*')}/" in sources, f"package {pattern} is not copied"
+    assert image_layout()["stages"] >= 2
+    assert dockerfile()[0] == ("ARG", "PYTHON_IMAGE=python:3.11-slim")
+    ignored = {
+        line.strip().rstrip("/")
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
+    assert not {source.rstrip("/") for source in sources} & ignored
+
+
+def test_the_image_runs_the_gateway_as_a_non_root_user_on_the_default_port():
+    image = image_layout()
+    args = parse_command(image["cmd"])
+    assert (args.command, args.host) == ("gateway", "0.0.0.0")
+    assert args.port == GatewaySettings().port == 8000
+    assert image["exposed"] == {GatewaySettings().port, DEFAULT_METRICS_PORT}
+    uid = image["user"].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0
+    models = PurePosixPath(image["env"]["INFERQ_MODEL_REPOSITORY"])
+    assert models == image["workdir"] / "models"
+    assert ("COPY", "models/ models/") in dockerfile()
+
+
+# -- docker compose ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose(yaml) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    return data
+
+
+def test_compose_runs_redis_7_with_aof_a_gateway_workers_prometheus_and_grafana(compose):
+    services = compose["services"]
+    assert set(services) == {"redis", "gateway", "worker", "prometheus", "grafana"}
+    assert services["redis"]["image"].startswith("redis:7")
+    command = services["redis"]["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    for name in ("gateway", "worker"):
+        build = services[name]["build"]
+        assert (REPO / build["context"] / build["dockerfile"]).is_file()
+
+
+def test_compose_commands_flags_and_variables_exist_in_the_cli(compose):
+    known = cli_env_names() | set(AWAITED_FLAGS.values())
+    for name in ("gateway", "worker"):
+        service = compose["services"][name]
+        args = parse_command(service["command"])
+        assert args.command == name
+        assert set(service["environment"]) <= known, set(service["environment"]) - known
+    gateway = parse_command(compose["services"]["gateway"]["command"])
+    assert compose["services"]["gateway"]["ports"] == [f"{gateway.port}:{gateway.port}"]
+    assert gateway.port == GatewaySettings().port
+
+
+def test_compose_workers_scale_without_port_clashes_and_drain_before_sigkill(compose):
+    worker = compose["services"]["worker"]
+    assert "ports" not in worker
+    port = int(awaited_flag_values(worker["command"])["--metrics-port"])
+    assert port == DEFAULT_METRICS_PORT
+    assert worker["expose"] == [str(port)]
+    assert int(worker["stop_grace_period"].rstrip("s")) > WorkerSettings().drain_timeout_s
+    image_models = str(image_layout()["env"]["INFERQ_MODEL_REPOSITORY"])
+    assert worker["environment"]["INFERQ_MODEL_REPOSITORY"] == image_models
+
+
+def test_compose_mounts_only_files_that_exist(compose):
+    for service in compose["services"].values():
+        for volume in service.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("."):
+                assert (REPO / source).exists(), volume
+            else:
+                assert source in compose["volumes"], volume
+
+
+def test_prometheus_scrapes_the_gateway_and_every_worker_on_their_ports(yaml, compose):
+    config = yaml.safe_load((OPS / "prometheus" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    gateway = jobs["inferq-gateway"]
+    (targets,) = [c["targets"] for c in gateway["static_configs"]]
+    port = parse_command(compose["services"]["gateway"]["command"]).port
+    assert targets == [f"gateway:{port}"]
+    assert gateway["metrics_path"] == "/metrics"
+    (dns,) = jobs["inferq-worker"]["dns_sd_configs"]
+    assert dns["names"] == ["worker"] and dns["type"] == "A"
+    assert dns["port"] == DEFAULT_METRICS_PORT
+    for rule_file in config["rule_files"]:
+        assert (OPS / "prometheus" / rule_file).is_file()
+    mount = compose["services"]["prometheus"]["volumes"][0]
+    assert mount == "./ops/prometheus:/etc/prometheus:ro"
+
+
+def test_grafana_is_provisioned_with_the_prometheus_datasource_and_the_dashboard(yaml, compose):
+    grafana = compose["services"]["grafana"]
+    mounts = dict(v.removesuffix(":ro").split(":") for v in grafana["volumes"])
+    assert mounts["./ops/grafana/provisioning"] == "/etc/grafana/provisioning"
+    provisioning = OPS / "grafana" / "provisioning"
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yml").read_text())[
+        "datasources"
+    ]
+    assert source["uid"] == "prometheus" and source["type"] == "prometheus"
+    url = urlsplit(source["url"])
+    assert url.hostname == "prometheus"
+    assert f"{url.port}:{url.port}" in compose["services"]["prometheus"]["ports"]
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "inferq.yml").read_text())[
+        "providers"
+    ]
+    dashboards_dir = provider["options"]["path"]
+    assert mounts["./ops/grafana/dashboards"] == dashboards_dir
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (
+        REPO / "ops/grafana/dashboards" / PurePosixPath(home).relative_to(dashboards_dir)
+    ).is_file()
+
+
+# -- kubernetes --------------------------------------------------------------------------------
+
+
+def test_k8s_manifests_parse_carry_no_namespace_and_are_all_in_the_kustomization(yaml):
+    kustomization = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    files = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == files
+    objects = k8s_objects(yaml)
+    assert {kind for kind, _ in objects} == {
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "ScaledObject",
+    }
+    for obj in objects.values():
+        assert "namespace" not in obj["metadata"], obj["metadata"]["name"]
+    assert "namespace" not in kustomization
+
+
+def test_k8s_containers_run_real_commands_with_real_settings(yaml):
+    objects = k8s_objects(yaml)
+    known = cli_env_names() | set(AWAITED_FLAGS.values())
+    image = image_layout()
+    for name, command in (("inferq-gateway", "gateway"), ("inferq-worker", "worker")):
+        deployment = objects[("Deployment", name)]
+        c = container(deployment)
+        assert parse_command(c["args"]).command == command
+        env = container_env(objects, c)
+        inferq_vars = {k for k in env if k.startswith("INFERQ_")}
+        assert inferq_vars <= known, inferq_vars - known
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert str(pod["securityContext"]["runAsUser"]) == image["user"].split(":")[0]
+    worker = container(objects[("Deployment", "inferq-worker")])
+    worker_env = container_env(objects, worker)
+    assert worker_env["INFERQ_MODEL_REPOSITORY"] == image["env"]["INFERQ_MODEL_REPOSITORY"]
+    assert int(worker_env["INFERQ_METRICS_PORT"]) == DEFAULT_METRICS_PORT
+    assert worker["ports"] == [{"name": "metrics", "containerPort": DEFAULT_METRICS_PORT}]
+    grace = objects[("Deployment", "inferq-worker")]["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"
+    ]
+    assert grace > float(worker_env.get("INFERQ_DRAIN_TIMEOUT_S", WorkerSettings().drain_timeout_s))
+    assert "replicas" not in objects[("Deployment", "inferq-worker")]["spec"]  # KEDA owns it
+
+
+def test_k8s_gateway_probes_hit_real_health_routes_on_the_default_port(yaml):
+    objects = k8s_objects(yaml)
+    gateway = container(objects[("Deployment", "inferq-gateway")])
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert ports == {"http": GatewaySettings().port}
+    assert parse_command(gateway["args"]).port == GatewaySettings().port
+    methods = route_methods()
+    probes = {kind: gateway[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")}
+    assert probes["livenessProbe"]["path"] == "/v2/health/live"
+    assert probes["readinessProbe"]["path"] == "/v2/health/ready"
+    for probe in probes.values():
+        assert "GET" in methods[probe["path"]]
+        assert probe["port"] in ports
+
+
+def test_k8s_services_and_budgets_select_the_pods_they_mean(yaml):
+    objects = k8s_objects(yaml)
+    pods = {
+        name: obj["spec"]["template"]["metadata"]["labels"]
+        for (kind, name), obj in objects.items()
+        if kind == "Deployment"
+    }
+    for (kind, name), obj in objects.items():
+        if kind == "Deployment":
+            assert obj["spec"]["selector"]["matchLabels"].items() <= pods[name].items()
+        if kind in ("Service", "PodDisruptionBudget"):
+            selector = obj["spec"]["selector"]
+            selector = selector.get("matchLabels", selector)
+            matched = [d for d, labels in pods.items() if selector.items() <= labels.items()]
+            assert len(matched) == 1, (kind, name, matched)
+        if kind == "Service":
+            (deployment,) = matched
+            ports = {p["name"] for p in container(objects[("Deployment", deployment)])["ports"]}
+            for port in obj["spec"]["ports"]:
+                assert port["targetPort"] in ports, (name, port)
+    budgets = [name for kind, name in objects if kind == "PodDisruptionBudget"]
+    assert sorted(budgets) == ["inferq-gateway", "inferq-worker"]
+
+
+def test_keda_scales_workers_on_lag_and_pending_of_every_lane_of_each_model(yaml):
+    objects = k8s_objects(yaml)
+    scaled = objects[("ScaledObject", "inferq-worker")]["spec"]
+    assert ("Deployment", scaled["scaleTargetRef"]["name"]) in objects
+    assert scaled["minReplicaCount"] >= 1  # gateways are ready only with a live worker
+    worker = container(objects[("Deployment", scaled["scaleTargetRef"]["name"])])
+    env = container_env(objects, worker)
+    keys = Keys(env["INFERQ_NAMESPACE"])
+    triggers = scaled["triggers"]
+    assert {t["type"] for t in triggers} == {"redis-streams"}
+    by_stream: dict[str, set[str]] = {}
+    models: set[str] = set()
+    for trigger in triggers:
+        meta = trigger["metadata"]
+        assert meta["consumerGroup"] == GROUP
+        assert meta["addressFromEnv"] in env
+        parsed = keys.parse_stream(meta["stream"])
+        assert parsed is not None, meta["stream"]
+        models.add(parsed[0])
+        kinds = {"lagCount", "pendingEntriesCount"} & set(meta)
+        assert len(kinds) == 1, meta
+        if "lagCount" in kinds:
+            assert "activationLagCount" in meta
+        else:
+            # A busy worker holds up to two batches (one running, one forming): a lower target
+            # would make the pending trigger alone ask for more workers than hold work.
+            config = tomllib.loads((REPO / "models" / parsed[0] / "config.toml").read_text())
+            assert int(meta["pendingEntriesCount"]) >= 2 * config["max_batch"]
+        by_stream.setdefault(meta["stream"], set()).update(kinds)
+    for model in models:
+        assert (REPO / "models" / model / "config.toml").is_file(), model
+        for lane in LANES_BY_PRIORITY:
+            assert by_stream.get(keys.stream(model, lane)) == {"lagCount", "pendingEntriesCount"}
+    redis_url = urlsplit(env["INFERQ_REDIS_URL"])
+    address = env[triggers[0]["metadata"]["addressFromEnv"]]
+    assert address == f"{redis_url.hostname}:{redis_url.port}"
+
+
+def test_kustomize_renders_the_manifests(yaml):
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the kustomization is not rendered")
+    done = subprocess.run(
+        [kubectl, "kustomize", str(K8S)], capture_output=True, text=True, timeout=30, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    rendered = [doc for doc in yaml.safe_load_all(done.stdout) if doc is not None]
+    assert len(rendered) == len(k8s_objects(yaml))
+
+
+# -- flags and routes the wiring adds ----------------------------------------------------------
+
+
+def test_the_worker_metrics_port_flag_defaults_to_9100():
+    help_text = cli_help("worker")
+    if "--metrics-port" not in help_text:
+        pytest.skip("waiting for --metrics-port / INFERQ_METRICS_PORT in inferq/cli.py")
+    assert "INFERQ_METRICS_PORT" in help_text
+    args = build_parser({}).parse_args(["worker"])
+    assert args.metrics_port == DEFAULT_METRICS_PORT
+
+
+def test_the_gateway_serves_metrics_at_the_scraped_path():
+    if "/metrics" not in route_methods():
+        pytest.skip("waiting for the /metrics route in producer/app.py")
+    assert "GET" in route_methods()["/metrics"]
