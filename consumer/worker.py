@@ -51,6 +51,8 @@ from protocol.registry import WorkerInfo
 log = structlog.get_logger("inferq.worker")
 
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+MAX_BACKOFF_S = 1.0
+"""Reconnect attempts are cheap; retrying at least every second brings service back fast."""
 
 
 @dataclass(slots=True)
@@ -382,7 +384,7 @@ class Worker:
                 for slot in self.slots.values():
                     slot.read_ids = dict.fromkeys(slot.streams, "0")
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             finally:
                 self._blocking_on = None

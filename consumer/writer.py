@@ -83,7 +83,7 @@ class ResultWriter:
         on_written: Callable[[list[Outgoing]], None] | None = None,
         metrics: WorkerMetrics | None = None,
         ack_delay_s: float = 0.01,
-        max_backoff_s: float = 5.0,
+        max_backoff_s: float = 1.0,
     ) -> None:
         self._redis = redis
         self._job_events = job_events

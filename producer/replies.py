@@ -29,6 +29,8 @@ log = structlog.get_logger("inferq.gateway")
 
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 TRIM_EVERY = 1000
+MAX_BACKOFF_S = 1.0
+"""Reconnect attempts are cheap; retrying at least every second brings service back fast."""
 TRIM_INTERVAL_S = 1.0
 
 
@@ -134,6 +136,7 @@ class ReplyListener:
         backoff = 0.05
         unread_trimmed = 0
         last_trim = time.monotonic()
+        reconnected = False
         while not cancelling():
             # Trim what has been read, but only every TRIM_EVERY entries or TRIM_INTERVAL_S:
             # one XTRIM per read would be a Redis command per few requests for no benefit.
@@ -141,6 +144,11 @@ class ReplyListener:
                 unread_trimmed and time.monotonic() - last_trim >= TRIM_INTERVAL_S
             )
             try:
+                if reconnected:
+                    # Redis may have come back empty: recreate the reply stream before anything
+                    # is queued, or workers (writing with NOMKSTREAM) would drop replies.
+                    await self.keepalive()
+                    reconnected = False
                 pipe = self._reader.pipeline(transaction=False)
                 if trim:
                     pipe.xtrim(self.key, minid=_next_id(self._last_id), approximate=False)
@@ -153,11 +161,12 @@ class ReplyListener:
                 backoff = 0.05
             except _CONNECTION_ERRORS as e:
                 self.healthy = False
+                reconnected = True
                 log.warning(
                     "reply listener lost Redis, reconnecting", error=str(e), backoff_s=backoff
                 )
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             if trim:
                 unread_trimmed, last_trim = 0, time.monotonic()
