@@ -7,6 +7,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 import redis
 
@@ -39,7 +40,8 @@ def answers(url: str, timeout_s: float = 0.5) -> bool:
 
 
 class RedisServer:
-    """Starts ``redis-server`` with no persistence in a temporary folder; ``stop`` removes it."""
+    """Starts ``redis-server`` in a temporary folder that ``stop`` removes, or in ``data_dir``
+    (kept, so a restart with AOF turned on replays what was written before a crash)."""
 
     def __init__(
         self,
@@ -48,11 +50,13 @@ class RedisServer:
         binary: str = "redis-server",
         password: str | None = None,
         extra_args: tuple[str, ...] = (),
+        data_dir: Path | None = None,
     ) -> None:
         self.port = port or free_port()
         self.binary = binary
         self.password = password
         self.extra_args = extra_args
+        self.data_dir = data_dir
         self._process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
@@ -65,7 +69,11 @@ class RedisServer:
         path = shutil.which(self.binary)
         if path is None:
             raise RedisServerError(f"no `{self.binary}` on PATH: {INSTALL_HINT}")
-        self._dir = tempfile.TemporaryDirectory(prefix="inferq-redis-")
+        if self.data_dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="inferq-redis-")
+            folder = self._dir.name
+        else:
+            folder = str(self.data_dir)
         self._process = subprocess.Popen(
             [
                 path,
@@ -78,7 +86,7 @@ class RedisServer:
                 "--appendonly",
                 "no",
                 "--dir",
-                self._dir.name,
+                folder,
                 "--loglevel",
                 "warning",
                 *(["--requirepass", self.password] if self.password else []),
@@ -115,6 +123,13 @@ class RedisServer:
         if self._dir is not None:
             self._dir.cleanup()
             self._dir = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would: no final AOF flush, no clean shutdown."""
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self.stop()
 
     def __enter__(self) -> RedisServer:
         return self.start()

@@ -116,6 +116,7 @@ class Tally:
     answers: Counter[str] = field(default_factory=Counter)
     """Responses per request id: a request never answered is lost (hung)."""
     wrong: int = 0
+    retries: int = 0
     statuses: Counter[int] = field(default_factory=Counter)
 
     @property
@@ -140,6 +141,7 @@ async def load(
     concurrency: int,
     tally: Tally,
     on_progress=None,
+    retry_503_s: float = 0.0,
     **parameters: object,
 ) -> None:
     """Send requests 0..n-1 over ``concurrency`` connections; check every answer's value."""
@@ -156,6 +158,17 @@ async def load(
                     body(i, **parameters),
                     {"content-type": "application/json"},
                 )
+                # A well-behaved client retries a 503 (Redis down) for a while, as told.
+                give_up = time.monotonic() + retry_503_s
+                while r.status == 503 and time.monotonic() < give_up:
+                    tally.retries += 1
+                    await asyncio.sleep(0.1)
+                    r = await conn.request(
+                        "POST",
+                        f"/v2/models/{model}/infer",
+                        body(i, **parameters),
+                        {"content-type": "application/json"},
+                    )
                 tally.statuses[r.status] += 1
                 tally.answers[f"req-{i}"] += 1  # any answer, success or error: not lost
                 if r.status == 200:
@@ -352,3 +365,81 @@ def test_a_request_that_crashes_every_worker_is_dead_lettered_and_the_rest_answe
     assert status == 500 and "dead-letter" in error
     assert dead == 1 and 1 <= crashed <= 3
     assert tally.answered == 300 and tally.statuses[200] == 300 and tally.wrong == 0
+
+
+def test_redis_killed_and_restarted_under_load_hangs_nothing(
+    workers, namespace, chaos_repo, tmp_path, capsys
+):
+    """redis-server SIGKILLed mid-load with AOF (fsync every second), restarted on its data."""
+    from inferq.redisserver import RedisServer
+
+    server = RedisServer(
+        data_dir=tmp_path, extra_args=("--appendonly", "yes", "--appendfsync", "everysec")
+    )
+    server.start()
+    started: list = []
+    try:
+        workers.redis_url = server.url
+        for _ in range(2):
+            workers.start("chaos", "--claim-idle-ms", "1000")
+        s = Stack(server.url, namespace, chaos_repo, started)
+        s.start_gateway()
+        wait_until(lambda: live_workers(s, "chaos") == 2, timeout_s=30, what="two workers")
+        tally = Tally()
+        events: dict[str, float] = {}
+
+        def crash_once(t: Tally) -> None:
+            if "killed" not in events and t.answered >= 300:
+                server.kill()
+                events["killed"] = time.monotonic()
+
+        async def scenario() -> None:
+            task = asyncio.create_task(
+                load(
+                    s.url,
+                    "chaos",
+                    1_500,
+                    32,
+                    tally,
+                    on_progress=crash_once,
+                    retry_503_s=10.0,
+                    timeout=5_000_000,
+                )
+            )
+            await asyncio.to_thread(wait_until, lambda: "killed" in events, 60, "the crash")
+            await asyncio.sleep(1.0)  # Redis stays down for a second
+            await asyncio.to_thread(server.start)
+            events["restarted"] = time.monotonic()
+            ok_before = tally.statuses[200]
+            await asyncio.to_thread(
+                wait_until,
+                lambda: tally.statuses[200] > ok_before,
+                30,
+                "a success after the restart",
+            )
+            events["served"] = time.monotonic()
+            await task
+
+        asyncio.run(scenario())
+        served_after = events["served"] - events["restarted"]
+        with capsys.disabled():
+            print(
+                "\n"
+                + tally.line(
+                    "8 redis killed",
+                    ok=tally.statuses[200],
+                    retried_503s=tally.retries,
+                    unavailable_503=tally.statuses[503],
+                    deadline_504=tally.statuses[504],
+                    served_again_after_s=f"{served_after:.1f}",
+                    lost_acknowledged_enqueues_at_most=tally.statuses[504],
+                )
+            )
+        assert tally.answered == tally.sent == 1_500  # hung = 0
+        assert set(tally.statuses) <= {200, 503, 504} and tally.wrong == 0
+        assert served_after <= 5.0
+    finally:
+        for thing in reversed(started):
+            thing.stop()
+        workers.stop_all()
+        server.stop()
