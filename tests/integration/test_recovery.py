@@ -8,6 +8,7 @@ import redis
 
 from protocol.keys import GROUP, Keys, Lane
 from protocol.messages import FIELD, InferRequest, InferResult, Status
+from protocol.registry import ModelMetadata, WorkerInfo
 from protocol.tensor import Tensor
 from tests.support import wait_until
 
@@ -128,3 +129,39 @@ def test_consumers_of_gone_workers_are_removed_once_they_hold_nothing(stack, red
 
         wait_until(lambda: "long-gone" not in consumers(), what="the gone consumer removed")
         assert worker.worker.id in consumers()
+
+
+def test_pending_entries_trimmed_away_are_cleared_and_their_callers_fail_by_deadline(
+    stack, redis_url, namespace
+):
+    """Trim pressure below the backlog (an operator's XTRIM, say): entries a dead worker held
+    are gone. The reclaim pass clears them from the pending list; their waiting callers are
+    answered 504 at their deadline, not left hanging."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.support import sim_body
+
+    keys = Keys(namespace)
+    stream = keys.stream("sim", Lane.NORMAL)
+    s = stack(workers=0)
+    first = s.add_worker(("sim",), claim_idle_ms=200)
+    s.wait_ready("sim")
+    first.stop()
+    with redis.Redis.from_url(redis_url) as r:
+        # A live-looking worker that reads and then dies (so the gateway accepts requests).
+        meta = ModelMetadata.decode(r.hget(keys.models, "sim"))
+        ghost = WorkerInfo(id="ghost", host="h", pid=1, started_ms=0, models=(meta,))
+        r.set(keys.worker("ghost"), ghost.encode())
+        r.zadd(keys.workers, {"ghost": 10**15})
+        s.wait_ready("sim")
+        with ThreadPoolExecutor(3) as pool:
+            waiting = [
+                pool.submit(s.infer, "sim", sim_body(i, timeout=1_500_000)) for i in range(3)
+            ]
+            wait_until(lambda: r.xlen(stream) >= 3, what="three queued requests")
+            r.xreadgroup(GROUP, "ghost", {stream: ">"}, count=10)  # a worker that then died
+            r.xtrim(stream, maxlen=0)  # trim pressure: the pending entries are gone
+            s.add_worker(("sim",), claim_idle_ms=200)
+            statuses = [f.result().status_code for f in waiting]
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 0, what="a clean pending list")
+    assert statuses == [504, 504, 504]
