@@ -87,9 +87,8 @@ class ModelRegistry:
         read by any worker: the consumer group's lag at the last refresh, plus what this
         gateway queued since."""
         lanes = LANES_BY_PRIORITY[: LANES_BY_PRIORITY.index(through) + 1]
-        return sum(self._backlog.get((model, lane), 0) for lane in lanes) + (
-            self._queued_since.get(model, 0)
-        )
+        since = self._queued_since.get(model, 0)
+        return sum(self._backlog.get((model, lane), 0) for lane in lanes) + since
 
     def note_queued(self, model: str) -> None:
         self._queued_since[model] = self._queued_since.get(model, 0) + 1

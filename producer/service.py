@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +88,8 @@ class InferenceService:
         self.breakers: dict[str, Breaker] = {}
         self.service_times: dict[str, ServiceTime] = {}
         self.rejected = 0
+        self.waiting: Counter[str] = Counter()
+        """Requests per model this gateway has queued and still waits on."""
         self._ids = itertools.count()
 
     async def model(self, name: str, version: str | None = None) -> tuple[ModelEntry, str]:
@@ -177,6 +180,7 @@ class InferenceService:
             traceparent=traceparent,
         )
         future = self.replies.expect(request_id)
+        self.waiting[name] += 1
         try:
             await self._redis(
                 "XADD", self.keys.stream(name, lane), "*", FIELD, request.encode(), model=name
@@ -201,6 +205,7 @@ class InferenceService:
             ) from None
         finally:
             self.replies.forget(request_id)
+            self.waiting[name] -= 1
         self._observe(name, result)
         return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
 
@@ -218,8 +223,10 @@ class InferenceService:
                 retry_after_s=max(1.0, retry),
             )
         service = self.service_times.get(name)
+        # Ahead of this request: what Redis last reported unread (all gateways), or what this
+        # gateway itself is waiting on (exact, and current), whichever is more.
         verdict = decide(
-            backlog=self.registry.backlog(name, through=lane),
+            backlog=max(self.registry.backlog(name, through=lane), self.waiting[name]),
             per_request_s=service.per_request_s if service else None,
             workers=workers,
             deadline_s=deadline_s,

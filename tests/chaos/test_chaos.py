@@ -443,3 +443,193 @@ def test_redis_killed_and_restarted_under_load_hangs_nothing(
             thing.stop()
         workers.stop_all()
         server.stop()
+
+
+def test_ten_thousand_waiting_requests_keep_redis_connections_flat(
+    workers, redis_url, namespace, chaos_repo, capsys
+):
+    """10,000 requests wait at once on a 3 s model; Redis sees the same few connections."""
+    from inferq.redisserver import free_port
+
+    config = chaos_repo / "hold" / "config.toml"
+    if not config.exists():
+        write_simulated_model(chaos_repo, "hold", base_ms=3000, per_row_ms=0, max_batch=20_000)
+    port = free_port()
+    gateway = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "gateway",
+            "--redis",
+            redis_url,
+            "--namespace",
+            namespace,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--max-timeout-ms",
+            "120000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        workers.start("hold")
+        with redis.Redis.from_url(redis_url) as r:
+
+            def ours() -> int:
+                return sum(
+                    1
+                    for c in r.client_list()
+                    if c["name"].startswith(("inferq-gateway", "inferq-worker"))
+                )
+
+            wait_until(lambda: _ready(port), 30, "the gateway to be ready")
+            before = ours()
+            n = 10_000
+            peak = 0
+
+            async def flood() -> list[int]:
+                nonlocal peak
+                conns = [HTTPConnection("127.0.0.1", port, timeout=120) for _ in range(n)]
+                for i in range(0, n, 500):
+                    await asyncio.gather(*(c.connect() for c in conns[i : i + 500]))
+                tasks = [
+                    asyncio.create_task(
+                        c.request(
+                            "POST",
+                            "/v2/models/hold/infer",
+                            body(i, timeout=60_000_000),
+                            {"content-type": "application/json"},
+                        )
+                    )
+                    for i, c in enumerate(conns)
+                ]
+                while not all(t.done() for t in tasks):
+                    peak = max(peak, await asyncio.to_thread(ours))
+                    await asyncio.sleep(0.1)
+                statuses = [t.result().status for t in tasks]
+                await asyncio.gather(*(c.aclose() for c in conns))
+                return statuses
+
+            statuses = asyncio.run(flood())
+            clients = int(r.info("clients")["connected_clients"])
+        with capsys.disabled():
+            print(
+                f"\nchaos[10 10k waiters]: sent={n} ok={statuses.count(200)} "
+                f"inferq_connections_idle={before} inferq_connections_peak={peak} "
+                f"redis_connected_clients_after={clients}"
+            )
+        assert statuses.count(200) == n
+        assert peak <= before + 8  # one gateway, one worker: bounded pools, whatever the load
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
+
+
+def _ready(port: int) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_three_times_overload_gets_successes_in_time_or_fast_refusals(
+    workers, redis_url, namespace, chaos_repo, capsys
+):
+    """20 s of open-loop load at 3x what one worker can serve, 500 ms deadlines: every answer is
+    a success within its deadline or a fast 429/503; the gateway's memory stays bounded."""
+    from inferq.redisserver import free_port
+
+    if not (chaos_repo / "overload").exists():
+        write_simulated_model(chaos_repo, "overload", base_ms=50, per_row_ms=1, max_batch=8)
+    port = free_port()
+    gateway = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "gateway",
+            "--redis",
+            redis_url,
+            "--namespace",
+            namespace,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        workers.start("overload")
+        wait_until(lambda: _ready(port), 30, "the gateway to be ready")
+        capacity = 8 / 0.058  # rows per batch / batch time
+        rate, seconds, deadline_s = 3 * capacity, 20.0, 0.5
+        results: list[tuple[int, float]] = []
+        rss_start = _rss_mb(gateway.pid)
+
+        async def open_loop() -> None:
+            pool: asyncio.Queue[HTTPConnection] = asyncio.Queue()
+            for _ in range(300):
+                pool.put_nowait(HTTPConnection("127.0.0.1", port, timeout=10))
+
+            async def one(i: int) -> None:
+                conn = await pool.get()
+                sent = time.monotonic()
+                try:
+                    r = await conn.request(
+                        "POST",
+                        "/v2/models/overload/infer",
+                        body(i, timeout=int(deadline_s * 1e6)),
+                        {"content-type": "application/json"},
+                    )
+                    results.append((r.status, time.monotonic() - sent))
+                finally:
+                    pool.put_nowait(conn)
+
+            start = time.monotonic()
+            tasks = []
+            for i in range(int(rate * seconds)):  # bounded in count, paced in time
+                delay = start + i / rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(i)))
+            await asyncio.gather(*tasks)
+            while not pool.empty():
+                await pool.get_nowait().aclose()
+
+        asyncio.run(open_loop())
+        rss_end = _rss_mb(gateway.pid)
+        by_status = Counter(s for s, _ in results)
+        slow_ok = sum(1 for s, t in results if s == 200 and t > deadline_s + 0.1)
+        # "Fast": well inside the deadline the client would otherwise have waited out.
+        slow_refusals = sum(1 for s, t in results if s in (429, 503) and t > deadline_s / 2)
+        with capsys.disabled():
+            print(
+                f"\nchaos[12 3x overload]: sent={len(results)} ok={by_status[200]} "
+                f"refused_429={by_status[429]} unavailable_503={by_status[503]} "
+                f"deadline_504={by_status[504]} ok_over_deadline={slow_ok} "
+                f"slow_refusals={slow_refusals} gateway_rss_mb={rss_start:.0f}->{rss_end:.0f}"
+            )
+        assert set(by_status) <= {200, 429, 503, 504}
+        assert by_status[200] > 0 and by_status[429] > 0
+        assert by_status[504] <= len(results) * 0.02  # the wait is an estimate
+        assert slow_refusals <= len(results) * 0.01
+        assert rss_end - rss_start < 100
+    finally:
+        gateway.terminate()
+        gateway.wait(30)
