@@ -161,7 +161,7 @@ class InferenceService:
                 except ProtocolError:
                     log.warning("ignoring an undecodable cache entry", key=cache_key)
         lane = Lane.for_priority(sched.priority)
-        self._admit(name, entry.workers, lane, sched.timeout_ms / 1000)
+        self._admit(name, entry.workers, meta.max_batch, lane, sched.timeout_ms / 1000)
         request_id = f"{self._id_prefix}{next(self._ids):x}"
         now_ms = self.clock.now_ms()
         request = InferRequest(
@@ -209,7 +209,9 @@ class InferenceService:
         self._observe(name, result)
         return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
 
-    def _admit(self, name: str, workers: int, lane: Lane, deadline_s: float) -> None:
+    def _admit(
+        self, name: str, workers: int, max_batch: int, lane: Lane, deadline_s: float
+    ) -> None:
         """Fail fast rather than queue: a failing model (breaker open), a backlog at its cap,
         or a queue that would outlast the request's deadline."""
         now = time.monotonic()
@@ -227,7 +229,8 @@ class InferenceService:
         # gateway itself is waiting on (exact, and current), whichever is more.
         verdict = decide(
             backlog=max(self.registry.backlog(name, through=lane), self.waiting[name]),
-            per_request_s=service.per_request_s if service else None,
+            batch_s=service.batch_s if service else None,
+            max_batch=max_batch,
             workers=workers,
             deadline_s=deadline_s,
             max_backlog=self.settings.max_backlog,

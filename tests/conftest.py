@@ -58,6 +58,7 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_simulated_model(repo, "sim", base_ms=1, per_row_ms=0, max_batch=32)
     write_simulated_model(repo, "slow", base_ms=300, per_row_ms=0, max_batch=64)
     write_simulated_model(repo, "serial", base_ms=200, per_row_ms=0, max_batch=1)
+    write_simulated_model(repo, "hold", base_ms=3000, per_row_ms=0, max_batch=4096)
     write_simulated_model(repo, "broken", base_ms=0, per_row_ms=0, max_batch=1, failure_rate=1.0)
     return repo
 

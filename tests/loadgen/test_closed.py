@@ -3,12 +3,10 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 from typing import Any
 
 import pytest
 
-from loadgen.__main__ import main as cli_main
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
 
@@ -33,7 +31,7 @@ def test_closed_loop_measures_after_warmup(tiny_server, response_bytes) -> None:
         assert {r.path for r in srv.requests} == {"/v2/models/m/infer"}
         assert all(r.method == "POST" and r.body == b'{"inputs": []}' for r in srv.requests)
         assert 0.3 <= res.duration_s < 1.0
-        assert res.throughput_rps == pytest.approx(res.requests / res.duration_s)
+        assert res.throughput_rps == pytest.approx(res.requests / res.duration_s, rel=0.05)
         lat = res.latency_ms
         assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"] <= lat["max"]
         assert res.client_cpu_s > 0
@@ -175,69 +173,3 @@ def test_against_uvicorn_and_starlette() -> None:
         assert res.requests > 0 and res.ok == res.requests, res.errors
 
     asyncio.run(main())
-
-
-class _ServerThread:
-    """The tiny server on its own loop in a thread, for the CLI (which runs its own loop)."""
-
-    def __init__(self, server_cls: Any, handler: Any) -> None:
-        self._cls = server_cls
-        self._handler = handler
-        self._ready = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self.url = ""
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        async with self._cls(self._handler) as srv:
-            self.url = srv.url
-            self._ready.set()
-            await self._stop.wait()
-
-    def __enter__(self) -> _ServerThread:
-        self._thread.start()
-        assert self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-
-def test_cli_json(tiny_server, response_bytes, tmp_path, capsys) -> None:
-    body_file = tmp_path / "body.json"
-    body_file.write_bytes(b'{"inputs": []}')
-    with _ServerThread(tiny_server, lambda req: response_bytes(req.body)) as srv:
-        rc = cli_main(
-            [
-                "--url",
-                srv.url + "/v2/models/digits/infer",
-                "--body-file",
-                str(body_file),
-                "--header",
-                "content-type: application/json",
-                "--concurrency",
-                "2",
-                "--duration",
-                "0.2",
-                "--warmup",
-                "0",
-                "--json",
-            ]
-        )
-    out = json.loads(capsys.readouterr().out)
-    assert rc == 0
-    assert out["concurrency"] == 2 and out["ok"] == out["requests"] > 0
-
-
-def test_cli_text_and_https_refusal(tiny_server, response_bytes, capsys) -> None:
-    with _ServerThread(tiny_server, lambda req: response_bytes()) as srv:
-        rc = cli_main(["--url", srv.url, "-c", "1", "-d", "0.1", "--warmup", "0", "--no-uvloop"])
-    assert rc == 0
-    assert "closed loop" in capsys.readouterr().out
-    assert cli_main(["--url", "https://127.0.0.1/", "-d", "0.1"]) == 2
-    assert "https:// is not supported" in capsys.readouterr().err

@@ -8,38 +8,53 @@ from producer.admission import ServiceTime, decide
 from producer.breaker import Breaker, State
 
 
+def verdict(backlog, batch_s=0.1, max_batch=10, workers=1, deadline_s=0.5, max_backlog=10**6):
+    return decide(
+        backlog=backlog,
+        batch_s=batch_s,
+        max_batch=max_batch,
+        workers=workers,
+        deadline_s=deadline_s,
+        max_backlog=max_backlog,
+    )
+
+
 def test_requests_are_admitted_while_nothing_is_measured():
-    assert decide(
-        backlog=500, per_request_s=None, workers=1, deadline_s=0.1, max_backlog=1000
-    ).admitted
+    assert verdict(500, batch_s=None).admitted
 
 
 def test_a_queue_that_would_outlast_the_deadline_is_refused_with_a_retry_hint():
-    verdict = decide(backlog=100, per_request_s=0.01, workers=1, deadline_s=0.5, max_backlog=10**6)
-    assert not verdict.admitted
-    assert math.isclose(verdict.wait_s, 1.0)
-    assert "1000 ms" in verdict.reason and "500 ms" in verdict.reason
-    assert verdict.retry_after_s >= 0.5
+    v = verdict(100)  # ten full batches of 100 ms ahead
+    assert not v.admitted and v.kind == "wait_exceeds_deadline"
+    assert math.isclose(v.wait_s, 1.0)
+    assert "1000 ms" in v.reason and "500 ms" in v.reason
+    assert v.retry_after_s >= 0.5
+
+
+def test_the_wait_counts_batches_not_requests():
+    """A burst an accelerator absorbs in a few big batches is admitted."""
+    assert math.isclose(verdict(41).wait_s, 0.5)  # 41 requests: five batches of ten
+    assert verdict(1000, batch_s=3.0, max_batch=4096, deadline_s=10).admitted
 
 
 def test_more_workers_shorten_the_estimated_wait():
-    verdict = decide(backlog=100, per_request_s=0.01, workers=4, deadline_s=0.5, max_backlog=10**6)
-    assert verdict.admitted and math.isclose(verdict.wait_s, 0.25)
+    v = verdict(100, workers=4)
+    assert v.admitted and math.isclose(v.wait_s, 0.3)
 
 
 def test_the_backlog_cap_refuses_whatever_the_estimate():
-    verdict = decide(backlog=10, per_request_s=0.0, workers=8, deadline_s=60, max_backlog=10)
-    assert not verdict.admitted and "limit of 10" in verdict.reason
+    v = verdict(10, batch_s=0.0, workers=8, deadline_s=60, max_backlog=10)
+    assert not v.admitted and "limit of 10" in v.reason and v.kind == "backlog_full"
 
 
-def test_service_time_is_per_request_and_smoothed():
+def test_service_time_is_the_smoothed_batch_duration():
     st = ServiceTime(weight=0.5)
     st.observe(0.1, 10)
-    assert math.isclose(st.per_request_s, 0.01)
+    assert math.isclose(st.batch_s, 0.1)
     st.observe(0.3, 10)
-    assert math.isclose(st.per_request_s, 0.02)
+    assert math.isclose(st.batch_s, 0.2)
     st.observe(1.0, 0)  # ignored: no batch
-    assert math.isclose(st.per_request_s, 0.02)
+    assert math.isclose(st.batch_s, 0.2)
 
 
 def test_the_breaker_opens_when_most_recent_requests_fail_and_probes_after_the_cooldown():

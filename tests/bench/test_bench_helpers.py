@@ -1,0 +1,94 @@
+"""The benchmark scripts' pure pieces: tables, ceilings, per-level rows, repositories, meters."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from bench import batching, latency_vs_load, scaleout
+from bench.common import (
+    CpuMeter,
+    cpu_idle_share,
+    cpu_seconds,
+    fmt,
+    git_revision,
+    infer_request,
+    markdown_table,
+    model_repository,
+)
+from loadgen.recorder import Recorder
+from loadgen.result import LoadResult
+
+
+def test_markdown_table_and_cells() -> None:
+    table = markdown_table(["a", "b", "c"], [[1, 2.5, None], ["x", 12345.6, "-"]])
+    assert table.splitlines() == [
+        "| a | b | c |",
+        "|---|---|---|",
+        "| 1 | 2.50 | - |",
+        "| x | 12,346 | - |",
+    ]
+    assert fmt(None) == "-" and fmt(3.14159, 1) == "3.1" and fmt(4125.0) == "4,125"
+
+
+def test_model_ceilings_follow_the_simulated_cost() -> None:
+    # 5 ms + 0.05 ms/row: one row per call gives 198/s, 32 rows per call 4,848/s
+    assert batching.model_ceiling(1) == pytest.approx(1000 / 5.05)
+    assert batching.model_ceiling(32) == pytest.approx(32 / 6.6 * 1000)
+    # 50 ms + 1.25 ms/row with max_batch 8: 133 per worker, well under the gateway's ~3,500/s
+    assert scaleout.per_worker_ceiling() == pytest.approx(8 / 60 * 1000)
+    assert 8 * scaleout.per_worker_ceiling() < 3500 / 3
+
+
+def test_latency_vs_load_rows_split_accepted_rejected_and_timed_out() -> None:
+    rec = Recorder()
+    rec.begin(0.0, 0.0, 1.0)
+    for i in range(90):
+        rec.record(200, 0.010 + i / 10_000, 0.5)
+    for status in (429,) * 5 + (503,) * 2 + (504,) * 2:
+        rec.record(status, 0.001, 0.5)
+    rec.record_error("RequestTimeout", 0.9)
+    res = LoadResult.from_recorder(
+        rec, mode="open", url="http://127.0.0.1:1/", concurrency=3, duration_s=1.0
+    )
+    row = latency_vs_load.level_row(90, 450.0, res, 1000)
+    assert (row["accepted"], row["rejected"], row["timed_out"], row["other_errors"]) == (
+        90,
+        7,
+        2,
+        1,
+    )
+    assert row["deadline_ms"] == 1000 and row["percent"] == 90
+    assert row["p99_over_p50"] == pytest.approx(row["p99_ms"] / row["p50_ms"])
+    body = latency_vs_load.body_for("accel", 250)
+    assert body["parameters"] == {"timeout": 250_000}
+
+
+def test_model_repository_is_temporary(tmp_path) -> None:
+    with model_repository(
+        digits=True, fast={"base_ms": 1.0, "per_row_ms": 0.0, "max_batch": 4}
+    ) as repo:
+        assert (repo / "fast" / "config.toml").read_text().count('backend = "simulated"') == 1
+        assert (repo / "digits" / "config.toml").is_file()
+        assert not (repo / "digits" / "train.py").exists()
+    assert not repo.exists()
+
+
+def test_requests_bypass_the_cache() -> None:
+    req = infer_request("m", {"inputs": []})
+    assert req.path == "/v2/models/m/infer" and req.headers["cache-control"] == "no-cache"
+
+
+def test_cpu_meter_counts_this_process() -> None:
+    meter = CpuMeter({os.getpid(): "gateway"})
+    meter.start()
+    end = time.process_time() + 0.05
+    while time.process_time() < end:  # burn a little CPU to be measured
+        pass
+    used = meter.stop()
+    assert 0 < used["gateway"] <= 1.5
+    assert cpu_seconds(os.getpid()) > 0 and cpu_seconds(2**22 + 12345) == 0.0
+    assert 0.0 <= cpu_idle_share(0.01) <= 1.0
+    assert git_revision()
