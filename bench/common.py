@@ -1,21 +1,31 @@
-"""Shared pieces of the benchmark scripts: a private Redis, `inferq up`, command counting."""
+"""Shared pieces of the benchmark scripts: a private Redis, `inferq up`, command counting,
+simulated model repositories, load runs and the tables they print."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import redis
 
 from inferq.redisserver import RedisServer, free_port
+from loadgen.closed import run_closed_loop
+from loadgen.http import PreparedRequest
+from loadgen.http import run as run_loop
+from loadgen.open import run_open_loop
+from loadgen.result import LoadResult
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -96,9 +106,224 @@ class Service:
             self.proc.wait(60)
         self.redis.stop()
 
+    def processes(self) -> dict[int, str]:
+        """The processes `inferq up` started, by pid: ``"gateway"`` or ``"worker"``."""
+        assert self.proc is not None
+        out: dict[int, str] = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                if ppid != self.proc.pid:
+                    continue
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            for role in (b"gateway", b"worker"):
+                if role in argv:
+                    out[int(entry.name)] = role.decode()
+        return out
+
+    def model_metadata(self, model: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/v2/models/{model}", timeout=5) as r:
+            data: dict[str, Any] = json.loads(r.read())
+            return data
+
+    def wait_for_workers(self, model: str, n: int, timeout_s: float = 120.0) -> None:
+        """Until ``n`` live workers serve ``model`` (`inferq up` is ready with the first)."""
+        deadline = time.monotonic() + timeout_s
+        seen = 0
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                seen = int(self.model_metadata(model)["parameters"]["workers"])
+                if seen >= n:
+                    return
+            time.sleep(0.2)
+        raise RuntimeError(f"only {seen} of {n} workers serve {model} after {timeout_s:.0f} s")
+
 
 def save(name: str, data: dict[str, Any]) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(data, indent=2))
     return path
+
+
+def git_revision() -> str:
+    """The commit the working tree is at, with ``+dirty`` when it has changes."""
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return f"{rev}+dirty" if dirty else rev or "unknown"
+
+
+@contextlib.contextmanager
+def model_repository(*, digits: bool = False, **simulated: dict[str, Any]) -> Iterator[Path]:
+    """A temporary model repository: ``name={"base_ms": ..., "per_row_ms": ..., "max_batch":
+    ...}`` per simulated model (``tests.support.write_simulated_model`` arguments), plus a copy
+    of the real digits model when ``digits``. Removed on exit."""
+    from tests.support import write_simulated_model
+
+    repo = Path(tempfile.mkdtemp(prefix="inferq-bench-"))
+    try:
+        if digits:
+            shutil.copytree(
+                ROOT / "models" / "digits",
+                repo / "digits",
+                ignore=shutil.ignore_patterns("train.py", "__pycache__"),
+            )
+        for name, options in simulated.items():
+            write_simulated_model(repo, name, **options)
+        yield repo
+    finally:
+        shutil.rmtree(repo, ignore_errors=True)
+
+
+def infer_request(model: str, body: dict[str, Any]) -> PreparedRequest:
+    """A JSON inference POST that bypasses the result cache (``Cache-Control: no-cache``)."""
+    return PreparedRequest(
+        "POST",
+        f"/v2/models/{model}/infer",
+        json.dumps(body).encode(),
+        {"content-type": "application/json", "cache-control": "no-cache"},
+    )
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    """A table cell: thousands separators for big numbers, ``-`` for missing ones."""
+    if value is None:
+        return "-"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A GitHub-flavoured Markdown table (cells already formatted, or ``fmt``-ed here)."""
+
+    def cell(v: object) -> str:
+        return fmt(v) if isinstance(v, float) or v is None else str(v)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def closed_loop(
+    service: Service,
+    request: PreparedRequest,
+    *,
+    concurrency: int,
+    duration_s: float,
+    warmup_s: float = 1.0,
+    timeout_s: float = 60.0,
+) -> LoadResult:
+    """A closed-loop run against ``service`` (on uvloop, in this process)."""
+    return run_loop(
+        run_closed_loop(
+            service.url + request.path,
+            concurrency=concurrency,
+            duration_s=duration_s,
+            requests=request,
+            warmup_s=warmup_s,
+            timeout_s=timeout_s,
+        )
+    )
+
+
+def open_loop(
+    service: Service,
+    request: PreparedRequest,
+    *,
+    rate: float,
+    duration_s: float,
+    warmup_s: float = 1.0,
+    timeout_s: float = 60.0,
+    max_connections: int = 2048,
+    seed: int = 0,
+) -> LoadResult:
+    """An open-loop (Poisson) run against ``service`` (on uvloop, in this process)."""
+    return run_loop(
+        run_open_loop(
+            service.url + request.path,
+            rate=rate,
+            duration_s=duration_s,
+            requests=request,
+            warmup_s=warmup_s,
+            timeout_s=timeout_s,
+            max_connections=max_connections,
+            seed=seed,
+        )
+    )
+
+
+def cpu_idle_share(interval_s: float = 1.0) -> float:
+    """The machine's idle CPU share over ``interval_s`` (from /proc/stat; 1.0 when unknown)."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(interval_s)
+        idle1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 1.0
+    return (idle1 - idle0) / max(total1 - total0, 1)
+
+
+def wait_for_quiet(min_idle: float = 0.85, max_wait_s: float = 120.0) -> float:
+    """Wait (up to ``max_wait_s``) until the machine is mostly idle, so other work on these
+    shared cores does not skew a measurement; return the last idle share seen and say so when
+    it never got quiet."""
+    deadline = time.monotonic() + max_wait_s
+    idle = cpu_idle_share()
+    while idle < min_idle and time.monotonic() < deadline:
+        idle = cpu_idle_share()
+    if idle < min_idle:
+        print(f"  (warning: the machine is busy, {idle:.0%} idle: figures may be low)", flush=True)
+    return idle
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) a process has used so far (0.0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU used by some processes between ``start()`` and ``stop()``, by role, in cores."""
+
+    def __init__(self, processes: dict[int, str]) -> None:
+        self.processes = processes
+        self._before: dict[int, float] = {}
+        self._t0 = 0.0
+
+    def start(self) -> None:
+        self._before = {pid: cpu_seconds(pid) for pid in self.processes}
+        self._t0 = time.monotonic()
+
+    def stop(self) -> dict[str, float]:
+        """Cores used per role (``{"gateway": 0.45, "worker": 0.8}``: workers summed)."""
+        elapsed = max(time.monotonic() - self._t0, 1e-9)
+        out: dict[str, float] = {}
+        for pid, role in self.processes.items():
+            used = cpu_seconds(pid) - self._before.get(pid, 0.0)
+            out[role] = out.get(role, 0.0) + used / elapsed
+        return out

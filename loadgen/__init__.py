@@ -1,19 +1,30 @@
-"""inferq's load generator: a lean HTTP/1.1 keep-alive client and load loops.
+"""inferq's load generator: a lean HTTP/1.1 client, closed and open load loops, and reports.
 
 Modules:
 
 * :mod:`loadgen.http` — :class:`HTTPConnection` (raw asyncio protocol), :func:`prepare`,
   :class:`PreparedRequest`, :func:`run` (asyncio on uvloop when installed);
-* :mod:`loadgen.stats` — :class:`LatencyHistogram` (log-linear, ~0.4%), :class:`RequestStats`;
+* :mod:`loadgen.stats` — :class:`LatencyHistogram` (HDR log-linear, ~0.4%), :class:`RequestStats`;
+* :mod:`loadgen.recorder` — :class:`Recorder` (what a run records into, with a per-second
+  timeline), read live by :mod:`loadgen.progress`;
 * :mod:`loadgen.result` — :class:`LoadResult`, common to every load mode;
-* :mod:`loadgen.closed` — :func:`run_closed_loop` (C back-to-back workers).
-
-``python -m loadgen --help`` runs a closed loop from the command line.
+* :mod:`loadgen.closed` — :func:`run_closed_loop` (C back-to-back workers);
+* :mod:`loadgen.open` — :func:`run_open_loop` (Poisson arrivals, latency from intended send
+  times), with rate schedules and ramps from :mod:`loadgen.schedule`;
+* :mod:`loadgen.workload`, :mod:`loadgen.jobs` — what one unit of work is (a request, or an
+  async job submitted and polled); :mod:`loadgen.inputs` — V2 bodies from model metadata or
+  a file, JSON or binary tensors;
+* :mod:`loadgen.report`, :mod:`loadgen.png` (with :mod:`loadgen.charts`, :mod:`loadgen.font`) —
+  the self-contained HTML report and the PNG chart;
+* :mod:`loadgen.cli` — ``inferq loadgen`` (``python -m loadgen``).
 """
 
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPConnection, PreparedRequest, Response, prepare, run
+from loadgen.open import run_open_loop
+from loadgen.recorder import Recorder
 from loadgen.result import LoadResult
+from loadgen.schedule import RateSchedule
 from loadgen.stats import LatencyHistogram, RequestStats
 
 __all__ = [
@@ -21,9 +32,12 @@ __all__ = [
     "LatencyHistogram",
     "LoadResult",
     "PreparedRequest",
+    "RateSchedule",
+    "Recorder",
     "RequestStats",
     "Response",
     "prepare",
     "run",
     "run_closed_loop",
+    "run_open_loop",
 ]

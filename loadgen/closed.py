@@ -1,8 +1,9 @@
 """Closed-loop load: C workers, each on its own keep-alive connection, sending back-to-back.
 
-Throughput is whatever the server sustains at concurrency C (Little's law: rps = C / latency);
-closed loops under-report tail latency under overload ("coordinated omission"), which the
-open-loop (Poisson arrival) mode, to be added beside this module, does not.
+Throughput is whatever the server sustains at concurrency C (Little's law: rps = C / latency).
+Closed loops under-report tail latency under overload ("coordinated omission": a stalled server
+also stalls the senders, so the requests that *would* have queued are never sent); the open loop
+(:mod:`loadgen.open`) measures from intended send times instead.
 """
 
 from __future__ import annotations
@@ -12,11 +13,11 @@ import time
 from collections.abc import Mapping, Sequence
 
 from loadgen.http import ConnectError, HTTPClientError, HTTPConnection, PreparedRequest
+from loadgen.recorder import Recorder
 from loadgen.result import LoadResult
-from loadgen.stats import RequestStats
-from loadgen.workload import encode_workload
+from loadgen.workload import OperationFactory, encode_workload, send_operation
 
-__all__ = ["DEFAULT_MAX_REQUESTS", "run_closed_loop"]
+__all__ = ["CONNECT_BACKOFF_S", "DEFAULT_MAX_REQUESTS", "run_closed_loop"]
 
 #: Upper bound on measured requests when ``max_requests`` is not given (a safety cap).
 DEFAULT_MAX_REQUESTS = 100_000_000
@@ -38,18 +39,28 @@ async def run_closed_loop(
     max_requests: int | None = None,
     timeout_s: float = 30.0,
     connect_timeout_s: float = 5.0,
+    operation: OperationFactory | None = None,
+    recorder: Recorder | None = None,
+    stop: asyncio.Event | None = None,
 ) -> LoadResult:
     """Drive ``url`` with ``concurrency`` back-to-back workers; return what was measured.
 
     The workload is either ``requests`` (one or more :class:`PreparedRequest`, paths relative to
     the URL's server; worker *i* starts at request *i* and cycles through them) or a single
-    ``method`` request to the URL's path with ``body`` and ``headers``.
+    ``method`` request to the URL's path with ``body`` and ``headers``.  ``operation`` changes
+    what one unit of work is (default: send the request; see :mod:`loadgen.workload`).
 
     Timeline: connections are opened first (not timed), then ``warmup_s`` of unrecorded
-    requests, then the measurement window of ``duration_s``.  A request is recorded when it
-    *starts* inside the window; requests in flight when the window closes are awaited (each is
-    bounded by ``timeout_s``) and recorded.  Warm-up and measurement are each also bounded by
-    ``max_requests`` (default :data:`DEFAULT_MAX_REQUESTS`); reaching it ends that phase early.
+    requests, then the measurement window of ``duration_s``.  A request's latency and status
+    are recorded when it *starts* inside the window; requests in flight when the window closes
+    are awaited (each is bounded by ``timeout_s``) and recorded.  Throughput counts the
+    completions that fall inside the window (whenever their request started) over its length,
+    so it is not diluted by the final drain.  Warm-up and measurement are each also bounded by
+    ``max_requests`` (default :data:`DEFAULT_MAX_REQUESTS`); reaching it ends that phase (the
+    window then ends there).  Setting ``stop`` ends the window early: no new request starts,
+    in-flight ones finish.
+    Outcomes go into ``recorder`` (a fresh one when not given), which a progress display may
+    read while the loop runs.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be at least 1")
@@ -64,12 +75,13 @@ async def run_closed_loop(
         raise ValueError("max_requests must be at least 1")
 
     target, reqs = encode_workload(url, requests, method=method, body=body, headers=headers)
-    n_reqs = len(reqs)
-    stats = RequestStats()
-    record = stats.record
-    record_error = stats.record_error
+    op = (operation or send_operation)(target, reqs)
+    rec = Recorder() if recorder is None else recorder
+    record = rec.record
+    record_error = rec.record_error
     perf_counter = time.perf_counter
     process_time = time.process_time
+    stopping = stop.is_set if stop is not None else (lambda: False)
 
     conns = [
         HTTPConnection(
@@ -84,19 +96,30 @@ async def run_closed_loop(
 
     issued = 0
     warm_issued = 0
-    last_end = 0.0
+    done_in_window = 0
+    ok_in_window = 0
     cpu_start: float | None = None
     measure_start = 0.0
     stop_at = 0.0
 
+    def completed(end: float, ok: bool) -> None:
+        # Throughput counts every completion inside the window, whenever its request started:
+        # unbiased even when latency is a sizeable part of the window.
+        nonlocal done_in_window, ok_in_window
+        if measure_start <= end < stop_at:
+            done_in_window += 1
+            ok_in_window += ok
+
     async def worker(conn: HTTPConnection, first: int) -> None:
-        nonlocal issued, warm_issued, last_end, cpu_start, measure_start, stop_at
-        i = first % n_reqs
-        send = conn.send
+        nonlocal issued, warm_issued, cpu_start, measure_start, stop_at
+        k = first
         while True:
             t = perf_counter()
+            if stopping() or (t >= measure_start and issued >= cap):
+                stop_at = min(stop_at, max(t, measure_start))  # the window ends here
+                return
             if t >= measure_start:
-                if t >= stop_at or issued >= cap:
+                if t >= stop_at:
                     return
                 issued += 1
                 if cpu_start is None:
@@ -106,51 +129,55 @@ async def run_closed_loop(
                 if warm_issued >= cap:  # warm-up request budget spent: start measuring now
                     measure_start = t
                     stop_at = t + duration_s
+                    rec.set_window(measure_start, duration_s)
                     continue
                 warm_issued += 1
                 measuring = False
-            raw, head = reqs[i]
-            i += 1
-            if i == n_reqs:
-                i = 0
+            rec.in_flight += 1
             try:
-                resp = await send(raw, head=head, timeout=timeout_s)
+                status = await op(conn, k, timeout_s)
             except (HTTPClientError, OSError) as exc:
+                rec.in_flight -= 1
+                end = perf_counter()
+                completed(end, False)
                 if measuring:
-                    record_error(exc)
-                    end = perf_counter()
-                    if end > last_end:
-                        last_end = end
+                    record_error(exc, end)
+                else:
+                    rec.warmup_done += 1
                 if isinstance(exc, ConnectError):
                     await asyncio.sleep(CONNECT_BACKOFF_S)
+                k += 1
                 continue
+            rec.in_flight -= 1
+            k += 1
             end = perf_counter()
+            completed(end, 200 <= status < 300)
             if measuring:
-                record(resp.status, end - t)
-                if end > last_end:
-                    last_end = end
+                record(status, end - t, end)
+            else:
+                rec.warmup_done += 1
 
     try:
         await asyncio.gather(*(c.connect() for c in conns), return_exceptions=True)
+        rec.connections = rec.peak_connections = sum(c.connected for c in conns)
         t0 = perf_counter()
         measure_start = t0 + warmup_s
         stop_at = measure_start + duration_s
+        rec.begin(t0, warmup_s, duration_s)
         await asyncio.gather(*(worker(c, k) for k, c in enumerate(conns)))
-        t_done = perf_counter()
         cpu_end = process_time()
     finally:
         await asyncio.gather(*(c.aclose() for c in conns))
+        rec.finished = True
 
-    if last_end > measure_start:
-        duration = last_end - measure_start
-    else:  # nothing completed in the window
-        duration = max(min(t_done, stop_at) - measure_start, 0.0)
-    return LoadResult.from_stats(
-        stats,
+    return LoadResult.from_recorder(
+        rec,
         mode="closed",
         url=url,
         concurrency=concurrency,
-        duration_s=duration,
+        duration_s=max(stop_at - measure_start, 0.0),
+        completed=done_in_window,
+        completed_ok=ok_in_window,
         warmup_requests=warm_issued,
         client_cpu_s=0.0 if cpu_start is None else cpu_end - cpu_start,
     )

@@ -320,7 +320,13 @@ class _ClientProtocol(asyncio.Protocol):
         else:
             self._deadline = loop.time() + timeout
             self._timeout = timeout
-            if self._timer is None:
+            timer = self._timer
+            if timer is None:
+                self._timer = loop.call_at(self._deadline, self._on_timer)
+            elif timer.when() > self._deadline:
+                # A shorter timeout than the armed timer's (timeouts vary per request, e.g. the
+                # open loop's time left before an intended start's deadline): re-arm earlier.
+                timer.cancel()
                 self._timer = loop.call_at(self._deadline, self._on_timer)
         return fut
 

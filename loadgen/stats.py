@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["LatencyHistogram", "RequestStats"]
+__all__ = ["LatencyHistogram", "RequestStats", "bucket_bounds", "bucket_index", "bucket_value"]
 
 _SUB_BITS = 7  # 128 sub-buckets per half-octave: relative bucket width < 1/128
 _SUB_COUNT = 1 << (_SUB_BITS + 1)  # 256: values below this are exact
@@ -41,6 +41,24 @@ def _bounds(index: int) -> tuple[int, int]:
     shift = (index >> _SUB_BITS) - 1
     sub = index - (shift << _SUB_BITS)
     return sub << shift, (sub + 1) << shift
+
+
+def bucket_index(seconds: float) -> int:
+    """The histogram bucket of a value in seconds (negatives count as 0, huge ones clamp)."""
+    ns = int(seconds * 1e9)
+    return _index(min(max(ns, 0), _MAX_VALUE))
+
+
+def bucket_bounds(index: int) -> tuple[float, float]:
+    """[low, high) in seconds of bucket ``index``."""
+    low, high = _bounds(index)
+    return low / 1e9, high / 1e9
+
+
+def bucket_value(index: int) -> float:
+    """The value (seconds) a bucket reports: its midpoint, or its exact value when 1 ns wide."""
+    low, high = _bounds(index)
+    return (low + high) / 2e9 if high - low > 1 else low / 1e9
 
 
 class LatencyHistogram:

@@ -1,0 +1,169 @@
+"""Dynamic batching: saturation throughput with max_batch 1, 8, 32 and 128.
+
+    python bench/batching.py [--batches 1,8,32,128] [--duration 5] [--concurrency 256]
+
+Two models, each served by `inferq up` (1 gateway, 1 worker) on a private redis-server, restarted
+for every max_batch (the worker's ``--max-batch`` flag):
+
+* ``gpu``: the simulated backend with a GPU-like cost, a batch takes 5 ms + 0.05 ms per row,
+  sleeping (no CPU), so the model alone could serve ``B / (5 + 0.05 B)`` requests per ms;
+* ``digits``: the real ONNX model on the CPU (7 us a row in-process): here the serving layers
+  are the cost, and batching amortises the worker's per-batch work.
+
+Saturation is a closed loop at high concurrency (default 256 connections, so at every
+max_batch more requests are waiting than one batch takes), 1 s warm-up, then DURATION s
+measured, cache bypassed. It prints a table (with the CPU the gateway and the worker used,
+in cores, sampled from /proc), the ratios against max_batch 1 and the model-bound ceiling, and
+writes bench/results/batching.json. Loopback only; bounded in time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (
+    ROOT,
+    CpuMeter,
+    Service,
+    closed_loop,
+    fmt,
+    git_revision,
+    infer_request,
+    machine,
+    markdown_table,
+    model_repository,
+    save,
+    wait_for_quiet,
+)
+from tests.support import sim_body
+
+GPU = {"base_ms": 5.0, "per_row_ms": 0.05, "max_batch": 128, "flush_ms": 2.0}
+DIGITS_ROW = json.loads((ROOT / "models/digits/samples.json").read_text())["inputs"][0]
+
+
+def digits_body() -> dict[str, Any]:
+    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": DIGITS_ROW}]}
+
+
+def model_ceiling(max_batch: int) -> float:
+    """Requests/s the simulated model alone sustains with full batches."""
+    return max_batch / (GPU["base_ms"] + GPU["per_row_ms"] * max_batch) * 1000
+
+
+def measure(
+    repo: Path, model: str, body: dict[str, Any], max_batch: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    extra = ("--model-repository", str(repo), "--models", model, "--max-batch", str(max_batch))
+    idle = wait_for_quiet()
+    with Service(*extra) as svc:
+        svc.wait_for_workers(model, 1)
+        meter = CpuMeter(svc.processes())
+        meter.start()
+        r = closed_loop(
+            svc,
+            infer_request(model, body),
+            concurrency=args.concurrency,
+            duration_s=args.duration,
+            warmup_s=args.warmup,
+        )
+        cores = meter.stop()
+    row = {
+        "model": model,
+        "max_batch": max_batch,
+        "concurrency": args.concurrency,
+        "rps": r.ok_rps,
+        "p50_ms": r.latency_ms["p50"],
+        "p99_ms": r.latency_ms["p99"],
+        "errors": r.errors,
+        "client_cpu_share": r.client_cpu_share,
+        "gateway_cores": cores.get("gateway", 0.0),
+        "worker_cores": cores.get("worker", 0.0),
+        "machine_idle_before": idle,
+    }
+    if model == "gpu":
+        row["model_ceiling_rps"] = model_ceiling(max_batch)
+    print(
+        f"{model:<6} max_batch {max_batch:>3}: {r.ok_rps:8,.0f} req/s  p50 {fmt(row['p50_ms'])} ms"
+        f"  p99 {fmt(row['p99_ms'])} ms  gateway {row['gateway_cores']:.2f} cores, worker "
+        f"{row['worker_cores']:.2f}  errors {r.errors or 0}",
+        flush=True,
+    )
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", default="1,8,32,128", help="max_batch values")
+    parser.add_argument("--models", default="gpu,digits", help="gpu and/or digits")
+    parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--concurrency", type=int, default=256)
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    models = [m for m in args.models.split(",") if m]
+    rows: list[dict[str, Any]] = []
+    with model_repository(digits="digits" in models, gpu=GPU) as repo:
+        for model in models:
+            body = digits_body() if model == "digits" else sim_body(1.0)
+            for b in batches:
+                rows.append(measure(repo, model, body, b, args))
+
+    table = []
+    for row in rows:
+        base = next(x for x in rows if x["model"] == row["model"] and x["max_batch"] == batches[0])
+        ceiling = row.get("model_ceiling_rps")
+        table.append(
+            [
+                row["model"],
+                row["max_batch"],
+                fmt(row["rps"], 0),
+                f"{row['rps'] / base['rps']:.1f}x",
+                fmt(row["p50_ms"]),
+                fmt(row["p99_ms"]),
+                fmt(ceiling, 0),
+                "-" if ceiling is None else f"{row['rps'] / ceiling:.0%}",
+                f"{row['gateway_cores']:.2f}",
+                f"{row['worker_cores']:.2f}",
+            ]
+        )
+    headers = [
+        "model",
+        "max_batch",
+        "req/s",
+        f"vs max_batch {batches[0]}",
+        "P50 ms",
+        "P99 ms",
+        "model-bound req/s",
+        "of model bound",
+        "gateway cores",
+        "worker cores",
+    ]
+    print()
+    print(markdown_table(headers, table))
+    print("\nratios (measured side by side in this run):")
+    for model in models:
+        by = {r["max_batch"]: r for r in rows if r["model"] == model}
+        for b in batches[1:]:
+            print(
+                f"  {model}: max_batch {b} / max_batch {batches[0]}: "
+                f"{by[b]['rps'] / by[batches[0]]['rps']:.1f}x"
+            )
+    result = {
+        "machine": machine(),
+        "revision": git_revision(),
+        "simulated_model": GPU,
+        "concurrency": args.concurrency,
+        "duration_s": args.duration,
+        "rows": rows,
+    }
+    print(f"\nwrote {save('batching', result)}")
+
+
+if __name__ == "__main__":
+    main()
