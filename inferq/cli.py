@@ -280,9 +280,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _worker_flags(e)
 
     from inferq import dlq, lag
+    from loadgen import cli as loadgen_cli
 
     lag.add_parser(sub, environ)
     dlq.add_parser(sub, environ)
+    loadgen_cli.add_parser(sub, environ)
     return parser
 
 
@@ -397,6 +399,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from inferq import lag
 
         return lag.run(args)
+    if args.command == "loadgen":
+        from loadgen import cli as loadgen_cli
+
+        return loadgen_cli.run(args)
     from inferq.up import run_up
 
     return run_up(args)
