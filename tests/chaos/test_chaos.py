@@ -633,3 +633,33 @@ def test_three_times_overload_gets_successes_in_time_or_fast_refusals(
     finally:
         gateway.terminate()
         gateway.wait(30)
+
+
+def test_a_rolling_restart_of_every_worker_under_load_loses_nothing(
+    gateway, workers, redis_url, capsys
+):
+    keys = Keys(gateway.namespace)
+    procs = [workers.start("chaos") for _ in range(2)]
+    wait_until(lambda: live_workers(gateway, "chaos") == 2, timeout_s=30, what="two workers")
+    tally = Tally()
+    restarted: list[int] = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(load(gateway.url, "chaos", 3_000, 32, tally))
+        for old in list(procs):  # one at a time: start the replacement, then drain the old one
+            await asyncio.to_thread(
+                wait_until, lambda: tally.answered >= 500 * (len(restarted) + 1), 60, "load"
+            )
+            workers.start("chaos")
+            old.send_signal(signal.SIGTERM)
+            assert await asyncio.to_thread(old.wait, 30) == 0
+            restarted.append(old.pid)
+        await task
+
+    asyncio.run(scenario())
+    with redis.Redis.from_url(redis_url) as r:
+        stream = keys.stream("chaos", Lane.NORMAL)
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 0, 30, "nothing pending")
+    with capsys.disabled():
+        print("\n" + tally.line("rolling restart", workers_replaced=len(restarted)))
+    assert tally.answered == 3_000 and tally.statuses[200] == 3_000 and tally.wrong == 0

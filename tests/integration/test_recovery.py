@@ -57,8 +57,8 @@ def test_a_worker_renews_entries_it_is_still_running(stack, redis_url, namespace
     """A batch that runs longer than claim_idle_ms is not taken over by another worker."""
     keys = Keys(namespace)
     s = stack(workers=0)
-    busy = s.add_worker(("slow",), claim_idle_ms=150)
-    other = s.add_worker(("slow",), claim_idle_ms=150)
+    busy = s.add_worker(("slow",), claim_idle_ms=100)  # the batch runs three times as long
+    other = s.add_worker(("slow",), claim_idle_ms=100)
     s.wait_ready("slow")
     from concurrent.futures import ThreadPoolExecutor
 
