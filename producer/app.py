@@ -7,6 +7,7 @@ import random
 import re
 import zlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -168,19 +169,43 @@ async def model_ready(request: Request) -> Response:
     )
 
 
-async def infer(request: Request) -> Response:
-    gateway = _gateway(request)
+@dataclass(frozen=True, slots=True)
+class _InferenceCall:
+    """What every inference-shaped route reads from HTTP before delegating."""
+
+    model: str
+    version: str | None
+    body: bytes
+    header_length: int | None
+    traceparent: str
+
+
+async def _inference_call(request: Request) -> _InferenceCall:
     p = request.path_params
-    header_length = _header_length(request)
-    raw = await _read_body(request, gateway.settings.max_body_bytes)
-    trace = _traceparent(request)
-    outcome = await gateway.service.infer(
-        p["model"],
-        p.get("version"),
-        raw,
-        header_length,
+    header_length = _header_length(request)  # before reading: a bad Content-Type is 415 at once
+    raw = await _read_body(request, _gateway(request).settings.max_body_bytes)
+    return _InferenceCall(p["model"], p.get("version"), raw, header_length, _traceparent(request))
+
+
+def _binary_or_json(
+    body: bytes, json_length: int | None, headers: dict[str, str], status_code: int = 200
+) -> Response:
+    """A V2 body: plain JSON, or JSON plus binary tensors (the binary tensor extension)."""
+    if json_length is None:
+        return Response(body, status_code, headers, media_type="application/json")
+    headers["inference-header-content-length"] = str(json_length)
+    return Response(body, status_code, headers, media_type="application/octet-stream")
+
+
+async def infer(request: Request) -> Response:
+    call = await _inference_call(request)
+    outcome = await _gateway(request).service.infer(
+        call.model,
+        call.version,
+        call.body,
+        call.header_length,
         no_cache=_no_cache(request),
-        traceparent=trace,
+        traceparent=call.traceparent,
     )
     result = outcome.result
     body, json_length = encode_infer_response(
@@ -191,40 +216,32 @@ async def infer(request: Request) -> Response:
         binary_outputs=outcome.body.binary_outputs,
         binary_all=outcome.body.binary_all,
     )
-    headers = {"traceparent": trace, "x-inferq-cache": "hit" if outcome.cached else "miss"}
-    if json_length is None:
-        return Response(body, media_type="application/json", headers=headers)
-    headers["inference-header-content-length"] = str(json_length)
-    return Response(body, media_type="application/octet-stream", headers=headers)
+    headers = {
+        "traceparent": call.traceparent,
+        "x-inferq-cache": "hit" if outcome.cached else "miss",
+    }
+    return _binary_or_json(body, json_length, headers)
 
 
 def _job_response(
     record: JobRecord, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
     body, json_length = render_job(record)
-    headers = dict(headers or {})
-    if json_length is None:
-        return Response(body, status_code, headers, media_type="application/json")
-    headers["inference-header-content-length"] = str(json_length)
-    return Response(body, status_code, headers, media_type="application/octet-stream")
+    return _binary_or_json(body, json_length, dict(headers or {}), status_code)
 
 
 async def submit_job(request: Request) -> Response:
-    gateway = _gateway(request)
-    p = request.path_params
-    header_length = _header_length(request)
-    raw = await _read_body(request, gateway.settings.max_body_bytes)
-    trace = _traceparent(request)
-    submitted = await gateway.jobs.submit(
-        p["model"],
-        p.get("version"),
-        raw,
-        header_length,
+    call = await _inference_call(request)
+    submitted = await _gateway(request).jobs.submit(
+        call.model,
+        call.version,
+        call.body,
+        call.header_length,
         idempotency_key=request.headers.get("idempotency-key"),
-        traceparent=trace,
+        traceparent=call.traceparent,
     )
     record = submitted.record
-    headers = {"location": f"/v2/jobs/{record.id}", "traceparent": trace}
+    headers = {"location": f"/v2/jobs/{record.id}", "traceparent": call.traceparent}
     if submitted.replayed:
         headers["idempotent-replayed"] = "true"
     return _job_response(record, 202, headers)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import uvicorn
 
 from consumer.settings import WorkerSettings
@@ -21,6 +22,9 @@ from inferq.redisserver import free_port
 from producer.app import create_app
 from producer.gateway import Gateway
 from producer.settings import GatewaySettings
+from protocol.keys import Keys
+from protocol.messages import InferRequest
+from protocol.tensor import Tensor
 
 START_TIMEOUT_S = 20.0
 
@@ -71,6 +75,26 @@ name = "sum"
 datatype = "FP32"
 shape = [-1, 1]
 """
+    )
+
+
+def sim_request(
+    keys: Keys, request_id: str, now_ms: int, *, value: float = 1.0, reply_to: str | None = None
+) -> InferRequest:
+    """A request for the simulated model ``sim`` as a gateway would queue it (for tests that
+    write streams by hand)."""
+    x = Tensor.from_numpy("x", np.full((1, 4), value, dtype=np.float32))
+    return InferRequest(
+        id=request_id,
+        model="sim",
+        version="1",
+        inputs=[x],
+        outputs=None,
+        deadline_ms=now_ms + 60_000,
+        enqueued_ms=now_ms,
+        result_key=keys.result(request_id),
+        result_ttl_ms=60_000,
+        reply_to=reply_to,
     )
 
 

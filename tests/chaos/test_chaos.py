@@ -455,26 +455,7 @@ def test_ten_thousand_waiting_requests_keep_redis_connections_flat(
     if not config.exists():
         write_simulated_model(chaos_repo, "hold", base_ms=3000, per_row_ms=0, max_batch=20_000)
     port = free_port()
-    gateway = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferq",
-            "gateway",
-            "--redis",
-            redis_url,
-            "--namespace",
-            namespace,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--max-timeout-ms",
-            "120000",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    gateway = _gateway_process(redis_url, namespace, port, "--max-timeout-ms", "120000")
     try:
         workers.start("hold")
         with redis.Redis.from_url(redis_url) as r:
@@ -529,6 +510,31 @@ def test_ten_thousand_waiting_requests_keep_redis_connections_flat(
         gateway.wait(30)
 
 
+def _gateway_process(
+    redis_url: str, namespace: str, port: int, *extra: str
+) -> subprocess.Popen[bytes]:
+    """A real gateway process, for scenarios that measure it or need its own file descriptors."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "gateway",
+            "--redis",
+            redis_url,
+            "--namespace",
+            namespace,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def _ready(port: int) -> bool:
     import urllib.request
 
@@ -556,24 +562,7 @@ def test_three_times_overload_gets_successes_in_time_or_fast_refusals(
     if not (chaos_repo / "overload").exists():
         write_simulated_model(chaos_repo, "overload", base_ms=50, per_row_ms=1, max_batch=8)
     port = free_port()
-    gateway = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferq",
-            "gateway",
-            "--redis",
-            redis_url,
-            "--namespace",
-            namespace,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    gateway = _gateway_process(redis_url, namespace, port)
     try:
         workers.start("overload")
         wait_until(lambda: _ready(port), 30, "the gateway to be ready")

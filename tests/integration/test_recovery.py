@@ -3,30 +3,12 @@ entries, and an entry that keeps crashing workers is dead-lettered with its call
 
 from __future__ import annotations
 
-import numpy as np
 import redis
 
 from protocol.keys import GROUP, Keys, Lane
-from protocol.messages import FIELD, InferRequest, InferResult, Status
+from protocol.messages import FIELD, InferResult, Status
 from protocol.registry import ModelMetadata, WorkerInfo
-from protocol.tensor import Tensor
-from tests.support import wait_until
-
-
-def _request(keys: Keys, request_id: str, now_ms: int, reply_to: str | None = None):
-    x = Tensor.from_numpy("x", np.full((1, 4), 1.0, dtype=np.float32))
-    return InferRequest(
-        id=request_id,
-        model="sim",
-        version="1",
-        inputs=[x],
-        outputs=None,
-        deadline_ms=now_ms + 60_000,
-        enqueued_ms=now_ms,
-        result_key=keys.result(request_id),
-        result_ttl_ms=60_000,
-        reply_to=reply_to,
-    )
+from tests.support import sim_request, wait_until
 
 
 def _queue_and_strand(r, keys: Keys, ids: list[str], reply_to: str | None = None) -> str:
@@ -35,7 +17,7 @@ def _queue_and_strand(r, keys: Keys, ids: list[str], reply_to: str | None = None
     now_ms = int(r.time()[0]) * 1000
     r.xgroup_create(stream, GROUP, id="0", mkstream=True)
     for request_id in ids:
-        r.xadd(stream, {FIELD: _request(keys, request_id, now_ms, reply_to).encode()})
+        r.xadd(stream, {FIELD: sim_request(keys, request_id, now_ms, reply_to=reply_to).encode()})
     r.xreadgroup(GROUP, "dead-worker", {stream: ">"}, count=100)
     return stream
 

@@ -7,26 +7,8 @@ import json
 import redis
 
 from protocol.keys import GROUP, Keys, Lane
-from protocol.messages import FIELD, InferRequest, InferResult, Status
-from protocol.tensor import Tensor
-from tests.support import wait_until
-
-
-def _request(keys: Keys, request_id: str, now_ms: int) -> InferRequest:
-    import numpy as np
-
-    x = Tensor.from_numpy("x", np.full((1, 4), 2.0, dtype=np.float32))
-    return InferRequest(
-        id=request_id,
-        model="sim",
-        version="1",
-        inputs=[x],
-        outputs=None,
-        deadline_ms=now_ms + 60_000,
-        enqueued_ms=now_ms,
-        result_key=keys.result(request_id),
-        result_ttl_ms=60_000,
-    )
+from protocol.messages import FIELD, InferResult, Status
+from tests.support import sim_request, wait_until
 
 
 def test_a_worker_first_serves_entries_it_was_handed_before_a_restart(stack, redis_url, namespace):
@@ -38,7 +20,7 @@ def test_a_worker_first_serves_entries_it_was_handed_before_a_restart(stack, red
         now_ms = int(r.time()[0]) * 1000
         r.xgroup_create(stream, GROUP, id="0", mkstream=True)
         for i in range(3):
-            r.xadd(stream, {FIELD: _request(keys, f"orphan-{i}", now_ms).encode()})
+            r.xadd(stream, {FIELD: sim_request(keys, f"orphan-{i}", now_ms, value=2.0).encode()})
         r.xreadgroup(GROUP, "w-restarted", {stream: ">"}, count=10)  # delivered, never acked
         assert r.xpending(stream, GROUP)["pending"] == 3
         s = stack(workers=0)
