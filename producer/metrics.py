@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -85,6 +86,7 @@ class GatewayMetrics:
     """Every metric one gateway process exports, in its own registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self._request_children: dict[tuple[str | None, str | None, str, int], tuple[Any, ...]] = {}
         self.registry = new_registry() if registry is None else registry
         r = self.registry
         self.requests = Counter(
@@ -197,11 +199,22 @@ class GatewayMetrics:
         body_bytes: int | None = None,
     ) -> None:
         """One answered HTTP request (any status)."""
-        endpoint = _one_of(endpoint, ENDPOINTS)
-        self.requests.labels(model or "", version or "", endpoint, str(status)).inc()
-        self.request_duration.labels(model or "", endpoint, _status_class(status)).observe(seconds)
+        key = (model, version, endpoint, status)
+        children = self._request_children.get(key)
+        if children is None:
+            # labels() resolves and validates on every call; the label sets are few and fixed,
+            # so resolve each once (this runs on every request).
+            label = _one_of(endpoint, ENDPOINTS)
+            children = self._request_children[key] = (
+                self.requests.labels(model or "", version or "", label, str(status)),
+                self.request_duration.labels(model or "", label, _status_class(status)),
+                self.request_body.labels(model or ""),
+            )
+        count, duration, body = children
+        count.inc()
+        duration.observe(seconds)
         if body_bytes is not None:
-            self.request_body.labels(model or "").observe(body_bytes)
+            body.observe(body_bytes)
 
     def observe_cache(self, model: str, *, hit: bool) -> None:
         (self.cache_hits if hit else self.cache_misses).labels(model).inc()

@@ -215,7 +215,7 @@ class InferenceService:
         """Fail fast rather than queue: a failing model (breaker open), a backlog at its cap,
         or a queue that would outlast the request's deadline."""
         now = time.monotonic()
-        breaker = self.breakers.setdefault(name, Breaker())
+        breaker = self._breaker(name)
         if not breaker.allow(now):
             self.metrics.observe_rejected(name, "breaker_open")
             retry = breaker.retry_after_s(now)
@@ -243,16 +243,21 @@ class InferenceService:
                 retry_after_s=verdict.retry_after_s,
             )
 
+    def _breaker(self, name: str) -> Breaker:
+        breaker = self.breakers.get(name)
+        if breaker is None:  # not setdefault: that would build a Breaker on every request
+            breaker = self.breakers[name] = Breaker()
+        return breaker
+
     def _observe(self, name: str, result: InferResult) -> None:
         t = result.timings
         if t.batch_size:
-            self.service_times.setdefault(name, ServiceTime()).observe(
-                t.infer_ms / 1000, t.batch_size
-            )
+            service = self.service_times.get(name)
+            if service is None:
+                service = self.service_times[name] = ServiceTime()
+            service.observe(t.infer_ms / 1000, t.batch_size)
         if result.status is not Status.EXPIRED:
-            self.breakers.setdefault(name, Breaker()).record(
-                result.status is not Status.FAILED, time.monotonic()
-            )
+            self._breaker(name).record(result.status is not Status.FAILED, time.monotonic())
 
     async def _redis(self, *args: Any, model: str) -> Any:
         try:
