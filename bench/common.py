@@ -84,6 +84,9 @@ class Service:
                 "warning",
                 "--model-repository",
                 str(ROOT / "models"),
+                # No fixed metrics ports: runs (and anything else on the machine) would collide.
+                "--metrics-port",
+                "0",
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,

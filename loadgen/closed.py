@@ -101,6 +101,7 @@ async def run_closed_loop(
     cpu_start: float | None = None
     measure_start = 0.0
     stop_at = 0.0
+    window_s = duration_s  # shorter when max_requests or stop ends the window early
 
     def completed(end: float, ok: bool) -> None:
         # Throughput counts every completion inside the window, whenever its request started:
@@ -111,12 +112,14 @@ async def run_closed_loop(
             ok_in_window += ok
 
     async def worker(conn: HTTPConnection, first: int) -> None:
-        nonlocal issued, warm_issued, cpu_start, measure_start, stop_at
+        nonlocal issued, warm_issued, cpu_start, measure_start, stop_at, window_s
         k = first
         while True:
             t = perf_counter()
             if stopping() or (t >= measure_start and issued >= cap):
-                stop_at = min(stop_at, max(t, measure_start))  # the window ends here
+                if t < stop_at:  # the window ends here
+                    stop_at = max(t, measure_start)
+                    window_s = stop_at - measure_start
                 return
             if t >= measure_start:
                 if t >= stop_at:
@@ -175,7 +178,7 @@ async def run_closed_loop(
         mode="closed",
         url=url,
         concurrency=concurrency,
-        duration_s=max(stop_at - measure_start, 0.0),
+        duration_s=window_s,
         completed=done_in_window,
         completed_ok=ok_in_window,
         warmup_requests=warm_issued,

@@ -73,7 +73,7 @@ def test_request_list_is_cycled_and_errors_counted(tiny_server, response_bytes) 
     async def main() -> None:
         async with tiny_server(handler) as srv:
             res = await run_closed_loop(
-                srv.url, concurrency=2, duration_s=0.2, warmup_s=0, requests=reqs, max_requests=300
+                srv.url, concurrency=2, duration_s=30, warmup_s=0, requests=reqs, max_requests=300
             )
         assert res.requests == 300
         assert res.ok == 100
