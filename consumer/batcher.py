@@ -68,6 +68,10 @@ class BatchQueue(Generic[T]):
         self.rows += queued.rows
         self._lane_rows[queued.lane] += queued.rows
 
+    def head_lane(self) -> int | None:
+        """The lane the next batch comes from (the highest non-empty one)."""
+        return next((i for i, lane in enumerate(self._lanes) if lane), None)
+
     def oldest_arrival(self) -> float | None:
         return min((q.arrived for q in self), default=None)
 

@@ -51,6 +51,7 @@ from protocol.registry import WorkerInfo
 log = structlog.get_logger("inferq.worker")
 
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+BACKGROUND_BATCH_DIVISOR = 8
 MAX_BACKOFF_S = 1.0
 """Reconnect attempts are cheap; retrying at least every second brings service back fast."""
 
@@ -113,6 +114,14 @@ class ModelSlot:
         synchronous lanes."""
         rows = self.queue.rows if lane is None else self.queue.rows_through(lane)
         return max(0, self.model.max_batch - rows)
+
+    def batch_limit(self) -> int:
+        """Rows for the next batch. Background (job) batches are kept small: the event loop
+        encodes and writes a batch's results before it can start the next one, so a synchronous
+        request arriving meanwhile waits for at most one small job batch."""
+        if self.queue.head_lane() == LANES_BY_PRIORITY.index(Lane.LOW):
+            return max(1, self.model.max_batch // BACKGROUND_BATCH_DIVISOR)
+        return self.model.max_batch
 
     def reading_backlog(self) -> bool:
         """Still paging through entries delivered to this consumer earlier (its pending list)."""
@@ -547,7 +556,7 @@ class Worker:
             slot.busy = True
             self._wake_reader()
             try:
-                batch = await self._claim_jobs(slot, slot.queue.take(slot.model.max_batch))
+                batch = await self._claim_jobs(slot, slot.queue.take(slot.batch_limit()))
                 if batch:
                     await self._run_batch(slot, batch)
             finally:

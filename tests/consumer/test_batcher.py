@@ -403,3 +403,13 @@ def test_rows_through_a_lane_count_that_lane_and_those_above() -> None:
     assert [queue.rows_through(lane) for lane in (HIGH, NORMAL, LOW)] == [0, 0, 5]
     queue.drop_expired(now=FAR + 1)
     assert queue.rows_through(LOW) == 0
+
+
+def test_the_head_lane_is_the_highest_non_empty_one() -> None:
+    queue = background_queue(q("job", lane=LOW))
+    assert queue.head_lane() == LOW
+    queue.push(q("sync", lane=NORMAL))
+    assert queue.head_lane() == NORMAL
+    queue.take(8)
+    queue.take(8)
+    assert queue.head_lane() is None
