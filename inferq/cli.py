@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import inferq
+from inferq.argtypes import non_negative_float, positive_int
 from inferq.connections import RedisSettings
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -61,20 +62,6 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
     return default if raw is None or not raw.strip().isdigit() else int(raw)
 
 
-def _positive_int(raw: str) -> int:
-    value = int(raw)
-    if value <= 0:
-        raise ValueError(raw)
-    return value
-
-
-def _non_negative_float(raw: str) -> float:
-    value = float(raw)
-    if value < 0:
-        raise ValueError(raw)
-    return value
-
-
 def _redis_flags(e: _Env) -> None:
     e.add(
         "--redis",
@@ -104,56 +91,56 @@ def _gateway_flags(e: _Env) -> None:
     e.add(
         "--max-body-bytes",
         env="INFERQ_MAX_BODY_BYTES",
-        type=_positive_int,
+        type=positive_int,
         default=64 * 1024 * 1024,
         help="larger request bodies get 413",
     )
     e.add(
         "--max-timeout-ms",
         env="INFERQ_MAX_TIMEOUT_MS",
-        type=_positive_int,
+        type=positive_int,
         default=300_000,
         help="cap on any request's deadline",
     )
     e.add(
         "--max-backlog",
         env="INFERQ_MAX_BACKLOG",
-        type=_positive_int,
+        type=positive_int,
         default=10_000,
         help="per model: requests beyond this many queued get 429 at once",
     )
     e.add(
         "--job-ttl",
         env="INFERQ_JOB_TTL",
-        type=_positive_int,
+        type=positive_int,
         default=86_400,
         help="seconds job records and results are kept",
     )
     e.add(
         "--job-timeout-s",
         env="INFERQ_JOB_TIMEOUT_S",
-        type=_positive_int,
+        type=positive_int,
         default=3_600,
         help="a job's deadline when the request names no timeout",
     )
     e.add(
         "--max-job-backlog",
         env="INFERQ_MAX_JOB_BACKLOG",
-        type=_positive_int,
+        type=positive_int,
         default=100_000,
         help="per model: job submissions beyond this many queued requests get 429",
     )
     e.add(
         "--max-job-wait-s",
         env="INFERQ_MAX_JOB_WAIT_S",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=60.0,
         help="longest long poll on GET /v2/jobs/{id}?wait=",
     )
     e.add(
         "--result-ttl-s",
         env="INFERQ_RESULT_TTL_S",
-        type=_positive_int,
+        type=positive_int,
         default=60,
         help="how long an uncached result stays in Redis",
     )
@@ -176,13 +163,13 @@ def _worker_flags(e: _Env) -> None:
     e.add(
         "--max-batch",
         env="INFERQ_MAX_BATCH",
-        type=_positive_int,
+        type=positive_int,
         help="override every model's max_batch (rows per model call)",
     )
     e.add(
         "--flush-ms",
         env="INFERQ_FLUSH_MS",
-        type=_non_negative_float,
+        type=non_negative_float,
         help="override every model's flush window (longest wait for a batch to fill)",
     )
     e.add(
@@ -195,7 +182,7 @@ def _worker_flags(e: _Env) -> None:
     e.add(
         "--drain-timeout-s",
         env="INFERQ_DRAIN_TIMEOUT_S",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=30.0,
         help="on SIGTERM, how long to finish in-flight batches",
     )
@@ -216,21 +203,21 @@ def _worker_flags(e: _Env) -> None:
     e.add(
         "--claim-idle-ms",
         env="INFERQ_CLAIM_IDLE_MS",
-        type=_positive_int,
+        type=positive_int,
         default=30_000,
         help="take over entries another worker has held this long without renewing them",
     )
     e.add(
         "--max-deliveries",
         env="INFERQ_MAX_DELIVERIES",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         help="dead-letter an entry delivered more often than this (it keeps crashing workers)",
     )
     e.add(
         "--heartbeat-s",
         env="INFERQ_HEARTBEAT_S",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=2.0,
         help="how often the worker refreshes its advertisement",
     )
@@ -261,7 +248,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     e.add(
         "--workers",
         env="INFERQ_WORKERS",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         help="worker processes to start",
     )

@@ -44,6 +44,7 @@ from typing import Any, TextIO
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from inferq.argtypes import non_negative_float, non_negative_int, positive_float
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name
 
 EXIT_OK = 0
@@ -561,27 +562,6 @@ def to_json(
 # -- the subcommand --------------------------------------------------------------------------
 
 
-def _non_negative_int(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError(raw)
-    return value
-
-
-def _positive_float(raw: str) -> float:
-    value = float(raw)
-    if value <= 0:
-        raise ValueError(raw)
-    return value
-
-
-def _non_negative_float(raw: str) -> float:
-    value = float(raw)
-    if value < 0:
-        raise ValueError(raw)
-    return value
-
-
 def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     """Add ``lag`` to ``inferq``'s subcommands (``subparsers`` from ``add_subparsers``)."""
     from inferq.cli import DEFAULT_REDIS, _Env  # here: inferq.cli imports this module
@@ -611,13 +591,13 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     )
     parser.add_argument(
         "--watch",
-        type=_positive_float,
+        type=positive_float,
         metavar="SECONDS",
         help="refresh every SECONDS until Ctrl-C (drain rates come from consecutive refreshes)",
     )
     parser.add_argument(
         "--count",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=0,
         metavar="N",
         help="with --watch: stop after N refreshes (default: 0, until Ctrl-C)",
@@ -629,14 +609,14 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     )
     parser.add_argument(
         "--fail-above",
-        type=_non_negative_int,
+        type=non_negative_int,
         metavar="N",
         help=f"exit {EXIT_BACKLOG} if any model's backlog (lag + pending, summed over its "
         "lanes) is above N; not with --watch",
     )
     parser.add_argument(
         "--sample-s",
-        type=_non_negative_float,
+        type=non_negative_float,
         default=DEFAULT_SAMPLE_S,
         metavar="SECONDS",
         help="without --watch: seconds between the two samples that measure the drain rate "

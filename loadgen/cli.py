@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from inferq.argtypes import non_negative_int, positive_int
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPClientError, HTTPConnection, parse_url
 from loadgen.http import run as run_loop
@@ -77,20 +78,6 @@ Open-loop latency counts from each request's intended send time (coordinated omi
 # --------------------------------------------------------------------------------------------
 # Argument types
 # --------------------------------------------------------------------------------------------
-
-
-def positive_int(raw: str) -> int:
-    value = int(raw)
-    if value <= 0:
-        raise ValueError(raw)
-    return value
-
-
-def non_negative_int(raw: str) -> int:
-    value = int(raw)
-    if value < 0:
-        raise ValueError(raw)
-    return value
 
 
 def duration(raw: str) -> float:
