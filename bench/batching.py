@@ -20,7 +20,6 @@ writes bench/results/batching.json. Loopback only; bounded in time.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,10 +27,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    ROOT,
     CpuMeter,
     Service,
     closed_loop,
+    digits_body,
     fmt,
     git_revision,
     infer_request,
@@ -44,11 +43,6 @@ from bench.common import (
 from tests.support import sim_body
 
 GPU = {"base_ms": 5.0, "per_row_ms": 0.05, "max_batch": 128, "flush_ms": 2.0}
-DIGITS_ROW = json.loads((ROOT / "models/digits/samples.json").read_text())["inputs"][0]
-
-
-def digits_body() -> dict[str, Any]:
-    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": DIGITS_ROW}]}
 
 
 def model_ceiling(max_batch: int) -> float:

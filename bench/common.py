@@ -28,6 +28,27 @@ from loadgen.open import run_open_loop
 from loadgen.result import LoadResult
 
 ROOT = Path(__file__).resolve().parent.parent
+DIGITS_SAMPLES: dict[str, Any] = json.loads((ROOT / "models/digits/samples.json").read_text())
+"""One held-out example per digit, as shipped with the example model."""
+
+
+def digits_body(row: list[float] | None = None, **parameters: Any) -> dict[str, Any]:
+    """A one-row V2 request for ``digits`` (the first sample unless ``row`` is given)."""
+    body: dict[str, Any] = {
+        "inputs": [
+            {
+                "name": "input",
+                "datatype": "FP32",
+                "shape": [1, 64],
+                "data": row or DIGITS_SAMPLES["inputs"][0],
+            }
+        ]
+    }
+    if parameters:
+        body["parameters"] = parameters
+    return body
+
+
 RESULTS = ROOT / "bench" / "results"
 
 

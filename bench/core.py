@@ -28,11 +28,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Service, calls_between, command_calls, machine, save
+from bench.common import DIGITS_SAMPLES, ROOT, Service, calls_between, command_calls, machine, save
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPConnection, PreparedRequest
 
-SAMPLES = json.loads((ROOT / "models/digits/samples.json").read_text())
+SAMPLES = DIGITS_SAMPLES
 HEADERS = {"content-type": "application/json"}
 
 

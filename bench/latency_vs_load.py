@@ -29,7 +29,6 @@ bench/results/latency_vs_load.json. Loopback only; bounded in time.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,9 +36,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    ROOT,
     Service,
     closed_loop,
+    digits_body,
     fmt,
     git_revision,
     infer_request,
@@ -54,18 +53,12 @@ from loadgen.result import LoadResult
 from tests.support import sim_body
 
 ACCEL = {"base_ms": 20.0, "per_row_ms": 0.5, "max_batch": 16, "flush_ms": 2.0}
-DIGITS_ROW = json.loads((ROOT / "models/digits/samples.json").read_text())["inputs"][0]
 REJECTED = ("429", "503")
 
 
 def body_for(model: str, deadline_ms: int) -> dict[str, Any]:
     params = {"timeout": deadline_ms * 1000}  # V2 timeout is in microseconds
-    if model == "digits":
-        return {
-            "inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": DIGITS_ROW}],
-            "parameters": params,
-        }
-    return sim_body(1.0, **params)
+    return digits_body(**params) if model == "digits" else sim_body(1.0, **params)
 
 
 def level_row(pct: int, rate: float, r: LoadResult, deadline_ms: int) -> dict[str, Any]:

@@ -20,7 +20,6 @@ cache bypassed. Writes bench/results/overhead.json. Loopback only; bounded in ti
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -31,11 +30,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    ROOT,
+    DIGITS_SAMPLES,
     Service,
     calls_between,
     closed_loop,
     command_calls,
+    digits_body,
     fmt,
     git_revision,
     infer_request,
@@ -50,11 +50,6 @@ from loadgen.stats import LatencyHistogram
 from tests.support import sim_body
 
 GPU = {"base_ms": 5.0, "per_row_ms": 0.05, "max_batch": 32, "flush_ms": 2.0}
-DIGITS_ROW = json.loads((ROOT / "models/digits/samples.json").read_text())["inputs"][0]
-
-
-def digits_body() -> dict[str, Any]:
-    return {"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 64], "data": DIGITS_ROW}]}
 
 
 def in_process(repo: Path, model: str, seconds: float, max_calls: int) -> dict[str, float]:
@@ -67,7 +62,7 @@ def in_process(repo: Path, model: str, seconds: float, max_calls: int) -> dict[s
     backend.load()
     spec = config.inputs[0]
     width = int(np.prod([d for d in spec.shape[1:] if d > 0], dtype=np.int64))
-    row = DIGITS_ROW if model == "digits" else [1.0] * width
+    row = DIGITS_SAMPLES["inputs"][0] if model == "digits" else [1.0] * width
     inputs = {spec.name: np.array([row], dtype=np.float32)}
     hist = LatencyHistogram()
     end = time.perf_counter() + seconds

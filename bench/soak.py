@@ -23,11 +23,11 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Service, machine, save
+from bench.common import DIGITS_SAMPLES, Service, machine, save
 from loadgen.http import HTTPConnection
 from protocol.keys import GROUP, Keys
 
-SAMPLES = json.loads((ROOT / "models/digits/samples.json").read_text())
+SAMPLES = DIGITS_SAMPLES
 HEADERS = {"content-type": "application/json"}
 
 

@@ -164,7 +164,11 @@ def test_an_expired_job_is_never_executed(paused):
     with s.client() as c:
         late = submit(c, "sim", sim_body(1, timeout=1_000)).json()  # 1 ms, in microseconds
         seen_by_worker = submit(c, "sim", sim_body(2, timeout=1_000)).json()
-        time.sleep(0.01)  # let both deadlines pass (1 ms); nothing runs meanwhile: no worker
+        # No worker runs: once the 1 ms deadline has passed, reading the job finds it expired.
+        wait_until(
+            lambda: c.get(f"/v2/jobs/{late['id']}").json()["status"] != "queued",
+            what="the deadline to pass",
+        )
         job = c.get(f"/v2/jobs/{late['id']}").json()
         assert job["status"] == "expired" and "deadline" in job["error"]
         worker = s.add_worker(("sim",))
