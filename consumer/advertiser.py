@@ -34,16 +34,16 @@ class Advertiser:
     ) -> None:
         self._redis = redis
         self._keys = keys
-        self._info = info
+        self.info = info
         self._clock = clock
         self._interval_s = interval_s
         self._ttl_ms = int(ttl_s * 1000)
 
     async def publish(self) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(self._keys.worker(self._info.id), self._info.encode(), px=self._ttl_ms)
-        pipe.zadd(self._keys.workers, {self._info.id: self._clock.now_ms() + self._ttl_ms})
-        pipe.hset(self._keys.models, mapping={m.name: m.encode() for m in self._info.models})
+        pipe.set(self._keys.worker(self.info.id), self.info.encode(), px=self._ttl_ms)
+        pipe.zadd(self._keys.workers, {self.info.id: self._clock.now_ms() + self._ttl_ms})
+        pipe.hset(self._keys.models, mapping={m.name: m.encode() for m in self.info.models})
         # Forget workers that died without withdrawing, long after anyone could count them.
         pipe.zremrangebyscore(self._keys.workers, "-inf", self._clock.now_ms() - 10 * self._ttl_ms)
         await pipe.execute()
@@ -62,6 +62,6 @@ class Advertiser:
 
     async def withdraw(self) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        pipe.zrem(self._keys.workers, self._info.id)
-        pipe.delete(self._keys.worker(self._info.id))
+        pipe.zrem(self._keys.workers, self.info.id)
+        pipe.delete(self._keys.worker(self.info.id))
         await pipe.execute()

@@ -50,6 +50,11 @@ class ServedModel:
         self.max_batch = max_batch or config.max_batch
         self.flush_s = (config.flush_ms if flush_ms is None else flush_ms) / 1000
         self.backends: dict[str, Backend] = {}
+        """The versions served and advertised."""
+        self.standby: dict[str, Backend] = {}
+        """Loaded and warmed for a change not yet committed."""
+        self.retiring: dict[str, Backend] = {}
+        """Dropped by the last change; still answering requests routed to them before it."""
         self.bisections = 0
         self._output_types = {o.name: o.datatype for o in config.outputs}
 
@@ -61,15 +66,70 @@ class ServedModel:
         return self.config.metadata(max_batch=self.max_batch)
 
     def load(self) -> None:
-        for version in self.config.versions:
-            backend = create_backend(self.config, version, device=self.device)
-            backend.load()
-            self.backends[version] = backend
+        """Load every version of the config (at start; later changes go through ``install``)."""
+        backends: dict[str, Backend] = {}
+        try:
+            for version in self.config.versions:
+                backends[version] = self.load_version(self.config, version)
+        except Exception:
+            for backend in backends.values():
+                backend.unload()
+            raise
+        self.backends = backends
+
+    def load_version(self, config: ModelConfig, version: str) -> Backend:
+        """Load and warm one version without serving it yet. Called off the event loop, while
+        the versions already installed keep serving."""
+        backend = create_backend(config, version, device=self.device)
+        backend.load()
+        return backend
+
+    def stage(self, version: str, backend: Backend) -> None:
+        """Hold a loaded, warmed version on standby: not advertised, but able to answer a
+        request routed to it before this worker has seen the commit that installs it."""
+        old = self.standby.pop(version, None)
+        if old is not None and old is not backend:
+            old.unload()
+        self.standby[version] = backend
+
+    def install(self, config: ModelConfig) -> None:
+        """Serve ``config.versions`` from now on, from the versions loaded or on standby.
+        Versions the new config drops keep answering what was already routed to them (the
+        caller retires them later with ``take_retiring``)."""
+        available = {**self.retiring, **self.backends, **self.standby}
+        missing = [v for v in config.versions if v not in available]
+        if missing:
+            raise ValueError(f"model '{self.name}': versions {missing} are not loaded")
+        backends = {v: available[v] for v in config.versions}
+        for v in config.versions:
+            self.standby.pop(v, None)
+            self.retiring.pop(v, None)
+        self.retiring.update({v: b for v, b in self.backends.items() if v not in backends})
+        # Whole-dict assignments: a batch on the model's thread sees the old set or the new one.
+        self.config = config
+        self._output_types = {o.name: o.datatype for o in config.outputs}
+        self.backends = backends
+
+    def discard_standby(self) -> list[Backend]:
+        """Versions staged for a change that was aborted: the caller unloads them."""
+        dropped = list(self.standby.values())
+        self.standby.clear()
+        return dropped
+
+    def take_retiring(self, versions: set[str]) -> list[Backend]:
+        return [self.retiring.pop(v) for v in list(self.retiring) if v in versions]
+
+    def backend_for(self, version: str) -> Backend | None:
+        return (
+            self.backends.get(version)
+            or self.standby.get(version)
+            or self.retiring.get(version)
+        )
 
     def unload(self) -> None:
-        for backend in self.backends.values():
+        for backend in (*self.backends.values(), *self.standby.values(), *self.retiring.values()):
             backend.unload()
-        self.backends.clear()
+        self.backends, self.standby, self.retiring = {}, {}, {}
 
     def run(self, requests: Sequence[InferRequest], worker: str) -> BatchOutcome:
         """Run one batch (all of one version) as a single model call. Called off the event loop.
@@ -91,7 +151,7 @@ class ServedModel:
 
     def _run_once(self, requests: Sequence[InferRequest], worker: str) -> BatchOutcome:
         version = requests[0].version
-        backend = self.backends.get(version)
+        backend = self.backend_for(version)
         if backend is None:
             return self._fail_all(requests, worker, f"version {version} is not loaded here", 0.0)
         counts = [rows_of(r) for r in requests]

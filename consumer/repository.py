@@ -15,13 +15,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from protocol.control import VersionPolicy, check_weights, version_order
+from protocol.errors import ProtocolError
 from protocol.keys import is_valid_name
 from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import DATATYPES
 
 CONFIG_FILE = "config.toml"
-BACKENDS = {"onnx": "model.onnx", "simulated": None}
-"""Backend name -> the file each version folder must hold (None: no file needed)."""
+BACKENDS: dict[str, tuple[str, ...]] = {
+    "onnx": ("model.onnx",),
+    "pytorch": ("model.pt2", "model.ts"),
+    "simulated": (),
+}
+"""Backend name -> the files a version folder may hold, in order of preference; it must hold
+one of them (none needed when empty). PyTorch: a ``torch.export`` archive or TorchScript."""
+PLATFORMS = {"onnx": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
+"""The platform reported in model metadata when the config names none (Triton's names)."""
+TOKENIZE = "tokenize"
+TOKENIZE_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 class RepositoryError(Exception):
@@ -51,6 +62,8 @@ class ModelConfig:
     outputs: tuple[TensorSpec, ...]
     versions: tuple[str, ...]
     """Versions to load, in serving order (the last one is the default)."""
+    weights: dict[str, float] = field(default_factory=dict)
+    """Version -> share of requests that name no version (empty: all to the newest)."""
     max_batch: int = 32
     flush_ms: float = 2.0
     default_timeout_ms: int = 10_000
@@ -63,14 +76,21 @@ class ModelConfig:
         return self.root / version
 
     def model_file(self, version: str) -> Path | None:
-        filename = BACKENDS[self.backend]
-        return None if filename is None else self.version_path(version) / filename
+        """The file the backend loads: the first of its accepted names that exists (the first
+        name when none does, for the error message), or None when the backend needs no file."""
+        candidates = [self.version_path(version) / n for n in BACKENDS[self.backend]]
+        return next((p for p in candidates if p.is_file()), candidates[0] if candidates else None)
+
+    def backend_inputs(self) -> tuple[TensorSpec, ...]:
+        """The tensors the backend receives, in call order: the pre-processing stage's outputs
+        when the model has one, else the public inputs."""
+        return self.inputs if self.preprocess is None else self.preprocess.output_specs()
 
     def metadata(self, *, max_batch: int | None = None) -> ModelMetadata:
         return ModelMetadata(
             name=self.name,
             versions=self.versions,
-            default_version=self.versions[-1],
+            default_version=self.versions[-1] if self.versions else "",
             platform=self.platform,
             inputs=self.inputs,
             outputs=self.outputs,
@@ -78,6 +98,7 @@ class ModelConfig:
             default_timeout_ms=self.default_timeout_ms,
             cache_enabled=self.cache_enabled,
             cache_ttl_s=self.cache_ttl_s,
+            weights=self.weights,
         )
 
 
@@ -146,13 +167,41 @@ def _inside(root: Path, path: Path) -> bool:
     return True
 
 
-def _versions(f: _Fields, model_dir: Path, repo: Path) -> tuple[str, ...]:
-    available = sorted(
+def available_versions(model_dir: Path) -> list[str]:
+    """Version folders of a model, oldest first."""
+    return sorted(
         (p.name for p in model_dir.iterdir() if p.is_dir() and is_valid_name(p.name)),
-        key=lambda v: (0, int(v), v) if v.isdigit() else (1, 0, v),
+        key=version_order,
     )
+
+
+def _versions(
+    f: _Fields, model_dir: Path, repo: Path, override: VersionPolicy | None
+) -> tuple[tuple[str, ...], dict[str, float]]:
+    """The versions to load and their traffic weights: the committed policy when one is given
+    (an admin load), else the config's ``[version_policy]``."""
+    available = available_versions(model_dir)
     policy = f.sub("version_policy")
-    if "specific" in policy.table:
+    weights: dict[str, float] = {}
+    if override is not None:
+        versions = list(override.versions)
+        weights = dict(override.weights)
+        missing = [v for v in versions if v not in available]
+        if missing:
+            raise RepositoryError(
+                f"{model_dir}: no version folder for {', '.join(missing)} "
+                f"(versions in the repository: {', '.join(available) or 'none'})"
+            )
+    elif "weights" in policy.table:
+        try:
+            weights = check_weights(policy.get("weights", dict))
+        except ProtocolError as e:
+            raise policy.fail("weights", str(e).removeprefix("weights: ")) from None
+        versions = sorted(weights, key=version_order)
+        missing = [v for v in versions if v not in available]
+        if missing:
+            raise policy.fail("weights", f"names versions with no folder: {', '.join(missing)}")
+    elif "specific" in policy.table:
         wanted = policy.get("specific", list)
         if not wanted or not all(isinstance(v, str | int) for v in wanted):
             raise policy.fail("specific", "must be a non-empty list of versions")
@@ -163,16 +212,17 @@ def _versions(f: _Fields, model_dir: Path, repo: Path) -> tuple[str, ...]:
     else:
         latest = policy.positive("latest", int, 1)
         versions = available[-latest:]
-    if not versions:
+    if not versions and (override is None or override.loaded):
         raise RepositoryError(f"{model_dir}: no version folders (expected e.g. {model_dir}/1/)")
     for v in versions:
         if not _inside(repo, model_dir / v):
             raise RepositoryError(f"{model_dir / v}: version folder points outside the repository")
-    return tuple(versions)
+    return tuple(versions), weights
 
 
-def load_config(repo: Path, name: str) -> ModelConfig:
-    """Read and validate one model's config from the repository."""
+def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> ModelConfig:
+    """Read and validate one model's config from the repository; ``policy`` (a committed admin
+    policy) replaces the config's own choice of versions and weights."""
     if not is_valid_name(name):
         raise RepositoryError(f"invalid model name {name!r}: use letters, digits, '_', '-', '.'")
     model_dir = repo / name
@@ -194,14 +244,16 @@ def load_config(repo: Path, name: str) -> ModelConfig:
         raise f.fail("backend", f"must be one of {', '.join(BACKENDS)}, got {backend!r}")
     cache = f.sub("cache")
     sim = f.sub("simulated")
+    versions, weights = _versions(f, model_dir, repo, policy)
     config = ModelConfig(
         name=name,
         root=model_dir,
         backend=backend,
-        platform=f.get("platform", str, "onnxruntime_onnx" if backend == "onnx" else backend),
+        platform=f.get("platform", str, PLATFORMS.get(backend, backend)),
         inputs=_specs(f, "inputs"),
         outputs=_specs(f, "outputs"),
-        versions=_versions(f, model_dir, repo),
+        versions=versions,
+        weights=weights,
         max_batch=f.positive("max_batch", int, 32),
         flush_ms=float(f.get("flush_ms", (int, float), 2.0)),
         default_timeout_ms=f.positive("default_timeout_ms", int, 10_000),
@@ -225,9 +277,15 @@ def load_config(repo: Path, name: str) -> ModelConfig:
         file = config.model_file(v)
         if file is not None:
             if not file.is_file():
-                raise RepositoryError(f"model '{name}' version {v}: missing {file}")
+                wanted = " or ".join(BACKENDS[backend])
+                raise RepositoryError(
+                    f"model '{name}' version {v}: missing {file.parent / wanted}"
+                    + (" (inferq models build-examples builds it)" if name in EXAMPLES else "")
+                )
             if not _inside(repo, file):
                 raise RepositoryError(f"{file}: model file points outside the repository")
+        if config.preprocess is not None:
+            _check_version_file(f, repo, config, v, "preprocess.tokenizer")
     return config
 
 

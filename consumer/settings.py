@@ -42,4 +42,7 @@ class WorkerSettings:
     """An entry pending this long without its worker renewing it is taken over by another."""
     max_deliveries: int = 5
     """An entry delivered more often than this is dead-lettered instead of run again."""
+    retire_after_s: float = 30.0
+    """After a model version change, how long dropped versions keep answering requests routed
+    to them before the switch (then they are unloaded)."""
     log_level: str = "info"

@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumer.advertiser import Advertiser
 from consumer.batcher import BatchPolicy, BatchQueue, Queued
+from consumer.control import ModelControl
 from consumer.metrics import MetricsServer, WorkerMetrics
 from consumer.model import ServedModel, batch_group, rows_of
 from consumer.reclaimer import Reclaimer
@@ -157,6 +158,9 @@ class Worker:
         self._reader_client_id: int | None = None
         self._redis: aioredis.Redis | None = None
         self._reader: aioredis.Redis | None = None
+        self._control_reader: aioredis.Redis | None = None
+        self.control: ModelControl | None = None
+        self._started_ms = 0
         self._writer: ResultWriter | None = None
         self._transition: AsyncScript | None = None
         self._advertiser: Advertiser | None = None
@@ -184,15 +188,35 @@ class Worker:
         names = list(s.models) or list_models(s.model_repository)
         if not names:
             raise RuntimeError(f"no models to serve in {s.model_repository}")
-        models = [
-            ServedModel(
-                load_config(s.model_repository, n),
-                device=s.device,
-                max_batch=s.max_batch,
-                flush_ms=s.flush_ms,
+        self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
+        self._reader = blocking_client(
+            s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
+        )
+        self._control_reader = blocking_client(
+            s.redis, name=f"inferq-worker-control-{self.id}", block_s=s.block_ms / 1000
+        )
+        await self.clock.sync(self._redis)
+        self.control = ModelControl(
+            worker_id=self.id,
+            redis=self._redis,
+            reader=self._control_reader,
+            keys=self.keys,
+            repository=s.model_repository,
+            slots=self.slots,
+            now_ms=self.clock.now_ms,
+            republish=self._republish,
+            block_ms=s.block_ms,
+            retire_after_s=s.retire_after_s,
+        )
+        # Before loading: a model an administrator changed is served as committed, not as the
+        # repository config says.
+        policies = await self.control.committed_policies()
+        models = []
+        for n in names:
+            config = load_config(s.model_repository, n, policies.get(n))
+            models.append(
+                ServedModel(config, device=s.device, max_batch=s.max_batch, flush_ms=s.flush_ms)
             )
-            for n in names
-        ]
         for m in models:
             await asyncio.to_thread(m.load)
             self.slots[m.name] = ModelSlot(m, self.keys)
@@ -208,19 +232,9 @@ class Worker:
                     f"cannot serve metrics on port {s.metrics_port}: {e}; pick another with "
                     "--metrics-port, or 0 to turn them off"
                 ) from e
-        self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
-        self._reader = blocking_client(
-            s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
-        )
-        await self.clock.sync(self._redis)
         await self._ensure_groups()
-        info = WorkerInfo(
-            id=self.id,
-            host=self.id.rsplit("-", 2)[0],
-            pid=os.getpid(),
-            started_ms=self.clock.now_ms(),
-            models=tuple(m.metadata() for m in models),
-        )
+        self._started_ms = self.clock.now_ms()
+        info = self._info()
         self._transition = self._redis.register_script(TRANSITION_SCRIPT)
         self._writer = ResultWriter(
             self._redis,
@@ -243,6 +257,8 @@ class Worker:
             self._spawn(self._dispatch_loop(slot), f"dispatch-{slot.model.name}")
         await self._advertiser.publish()
         self._spawn(self._advertiser.run(), "heartbeat")
+        await self.control.report_started()
+        self._spawn(self.control.run(), "control")
         self.reclaimer = Reclaimer(
             self._redis,
             self,
@@ -268,6 +284,8 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drain(), self.settings.drain_timeout_s)
         await _cancel(list(self._tasks))
+        if self.control is not None:
+            await self.control.stop()
         if self._redis is not None:
             with contextlib.suppress(*_CONNECTION_ERRORS):
                 if self._advertiser is not None:
@@ -275,6 +293,8 @@ class Worker:
             await self._redis.aclose()
         if self._reader is not None:
             await self._reader.aclose()
+        if self._control_reader is not None:
+            await self._control_reader.aclose()
         for slot in self.slots.values():
             slot.executor.shutdown(wait=True)
             slot.model.unload()
@@ -286,6 +306,21 @@ class Worker:
             batches=self.stats.batches,
             requests=self.stats.requests,
         )
+
+    def _info(self) -> WorkerInfo:
+        return WorkerInfo(
+            id=self.id,
+            host=self.id.rsplit("-", 2)[0],
+            pid=os.getpid(),
+            started_ms=self._started_ms,
+            models=tuple(slot.model.metadata() for slot in self.slots.values()),
+        )
+
+    async def _republish(self) -> None:
+        """Advertise what the models serve now (after a version change)."""
+        if self._advertiser is not None:
+            self._advertiser.info = self._info()
+            await self._advertiser.publish()
 
     async def _drain(self) -> None:
         self._draining = True

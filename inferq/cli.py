@@ -144,6 +144,19 @@ def _gateway_flags(e: _Env) -> None:
         default=60,
         help="how long an uncached result stays in Redis",
     )
+    e.add(
+        "--admin-token",
+        env="INFERQ_ADMIN_TOKEN",
+        help="bearer token of the model-control API (/v2/repository/...); unset disables it "
+        "(prefer the environment variable: flags show in the process list)",
+    )
+    e.add(
+        "--admin-load-timeout-s",
+        env="INFERQ_ADMIN_LOAD_TIMEOUT_S",
+        type=non_negative_float,
+        default=120.0,
+        help="how long a model load waits for every worker to load and warm the new versions",
+    )
 
 
 def _worker_flags(e: _Env) -> None:
@@ -220,6 +233,14 @@ def _worker_flags(e: _Env) -> None:
         type=non_negative_float,
         default=2.0,
         help="how often the worker refreshes its advertisement",
+    )
+    e.add(
+        "--retire-after-s",
+        env="INFERQ_RETIRE_AFTER_S",
+        type=non_negative_float,
+        default=30.0,
+        help="after a model version change, how long dropped versions still answer requests "
+        "routed to them before it",
     )
 
 
@@ -308,6 +329,8 @@ def run_gateway(args: argparse.Namespace) -> int:
         job_timeout_s=args.job_timeout_s,
         max_job_backlog=args.max_job_backlog,
         max_job_wait_s=args.max_job_wait_s,
+        admin_token=args.admin_token or None,
+        admin_load_timeout_s=args.admin_load_timeout_s,
         log_level=args.log_level,
     )
     uvicorn.run(
@@ -343,6 +366,7 @@ def run_worker(args: argparse.Namespace) -> int:
         **({"worker_id": args.worker_id} if args.worker_id else {}),
         max_deliveries=args.max_deliveries,
         heartbeat_s=args.heartbeat_s,
+        retire_after_s=args.retire_after_s,
         log_level=args.log_level,
     )
     worker = Worker(settings)

@@ -35,9 +35,10 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _spawn(argv: list[str]) -> subprocess.Popen[bytes]:
+def _spawn(argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     # Each worker must have its own consumer name: never hand them a shared INFERQ_WORKER_ID.
     env = {k: v for k, v in os.environ.items() if k != "INFERQ_WORKER_ID"}
+    env.update(extra_env or {})
     return subprocess.Popen(
         [sys.executable, "-m", "inferq", *argv],
         preexec_fn=_die_with_parent,
@@ -68,6 +69,8 @@ def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> li
         str(args.metrics_port + index if args.metrics_port else 0),
         "--max-deliveries",
         str(args.max_deliveries),
+        "--retire-after-s",
+        str(args.retire_after_s),
     ]
     if args.models:
         argv += ["--models", args.models]
@@ -102,6 +105,8 @@ def _gateway_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
         str(args.max_job_backlog),
         "--max-job-wait-s",
         str(args.max_job_wait_s),
+        "--admin-load-timeout-s",
+        str(args.admin_load_timeout_s),
     ]
 
 
@@ -189,7 +194,9 @@ def run_up(args: argparse.Namespace) -> int:
         else:
             print(f"inferq up: using the Redis at {redact(redis_url)}", flush=True)
         workers = [_spawn(_worker_argv(args, redis_url, i)) for i in range(args.workers)]
-        gateway = _spawn(_gateway_argv(args, redis_url))
+        # The token travels in the environment: argv is visible to every user of the host.
+        token = {"INFERQ_ADMIN_TOKEN": args.admin_token} if args.admin_token else {}
+        gateway = _spawn(_gateway_argv(args, redis_url), token)
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         url = f"http://{host}:{args.port}"
         if not _wait_ready(url, [gateway, *workers], stop):

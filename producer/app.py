@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import re
 import zlib
@@ -23,6 +24,7 @@ from producer.errors import (
     BadRequest,
     GatewayError,
     PayloadTooLarge,
+    Unauthorized,
     UnsupportedMediaType,
 )
 from producer.gateway import Gateway
@@ -139,7 +141,7 @@ def _spec(spec: Any) -> dict[str, Any]:
 
 async def model_metadata(request: Request) -> Response:
     p = request.path_params
-    entry, _ = await _gateway(request).service.model(p["model"], p.get("version"))
+    entry, _ = await _gateway(request).service.model(p["model"], p.get("version"), route=False)
     meta = entry.metadata
     return JSONResponse(
         {
@@ -154,6 +156,7 @@ async def model_metadata(request: Request) -> Response:
                 "default_timeout_ms": meta.default_timeout_ms,
                 "cache": meta.cache_enabled,
                 "workers": entry.workers,
+                "traffic": entry.traffic,
             },
         }
     )
@@ -161,8 +164,10 @@ async def model_metadata(request: Request) -> Response:
 
 async def model_ready(request: Request) -> Response:
     p = request.path_params
-    entry, version = await _gateway(request).service.model(p["model"], p.get("version"))
-    ok = entry.workers > 0
+    entry, version = await _gateway(request).service.model(
+        p["model"], p.get("version"), route=False
+    )
+    ok = entry.workers > 0 and not entry.unloaded
     return JSONResponse(
         {"name": entry.metadata.name, "version": version, "ready": ok},
         status_code=200 if ok else 503,
@@ -264,6 +269,44 @@ async def cancel_job(request: Request) -> Response:
     return _job_response(record)
 
 
+ADMIN_BODY_LIMIT = 64 * 1024
+
+
+async def _admin_body(request: Request) -> dict[str, Any]:
+    """The JSON object of a model-control call (an empty body is ``{}``), after the token."""
+    _gateway(request).admin.authorize(request.headers.get("authorization"))
+    raw = await _read_body(request, ADMIN_BODY_LIMIT)
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+async def repository_index(request: Request) -> Response:
+    body = await _admin_body(request)
+    ready = body.get("ready", False)
+    if not isinstance(ready, bool):
+        raise BadRequest("'ready' must be true or false")
+    return JSONResponse(await _gateway(request).admin.index(ready_only=ready))
+
+
+async def repository_load(request: Request) -> Response:
+    body = await _admin_body(request)
+    model = request.path_params["model"]
+    return JSONResponse(await _gateway(request).admin.load(model, body.get("parameters")))
+
+
+async def repository_unload(request: Request) -> Response:
+    body = await _admin_body(request)
+    model = request.path_params["model"]
+    return JSONResponse(await _gateway(request).admin.unload(model, body.get("parameters")))
+
+
 async def metrics(request: Request) -> Response:
     return metrics_response(_gateway(request).metrics.registry, request.headers.get("accept"))
 
@@ -277,6 +320,8 @@ async def gateway_error(request: Request, exc: Exception) -> Response:
     headers = {}
     if exc.retry_after_s is not None:
         headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
+    if isinstance(exc, Unauthorized):
+        headers["www-authenticate"] = 'Bearer realm="inferq"'  # RFC 6750
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
 
@@ -313,6 +358,9 @@ def routes() -> list[Route]:
         *(Route(base + "/jobs", submit_job, methods=["POST"]) for base in (model, versioned)),
         Route("/v2/jobs/{job}", get_job, methods=["GET"]),
         Route("/v2/jobs/{job}", cancel_job, methods=["DELETE"]),
+        Route("/v2/repository/index", repository_index, methods=["POST"]),
+        Route("/v2/repository/models/{model}/load", repository_load, methods=["POST"]),
+        Route("/v2/repository/models/{model}/unload", repository_unload, methods=["POST"]),
     ]
 
 

@@ -16,6 +16,7 @@ from redis.exceptions import RedisError
 
 from inferq.aio import cancelling
 from inferq.connections import RedisClock, blocking_client, command_client, redact
+from producer.admin import ModelAdmin
 from producer.errors import ServiceUnavailable
 from producer.jobs import JobService
 from producer.metrics import GatewayMetrics, StreamGauges
@@ -60,6 +61,7 @@ class Gateway:
         )
         self.metrics.track_waiters(lambda: self.replies.waiting)
         self.jobs = JobService(s, self.service)
+        self.admin = ModelAdmin(s, self.keys, self.redis, self.registry)
         try:
             await self.clock.sync(self.redis)
             await self.replies.keepalive()

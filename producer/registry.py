@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from inferq.aio import cancelling
 from inferq.connections import RedisClock
 from protocol import ProtocolError
+from protocol.control import VersionPolicy, version_order
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.registry import ModelMetadata, WorkerInfo
 
@@ -30,16 +31,29 @@ class ModelEntry:
     metadata: ModelMetadata
     workers: int
     """Live workers serving this model."""
+    traffic: dict[str, float] = field(default_factory=dict)
+    """Version -> share of requests that name no version (what the gateway routes by)."""
+    policy: VersionPolicy | None = None
+    """The committed admin policy, if any (None: the repository config decides)."""
+
+    @property
+    def unloaded(self) -> bool:
+        return self.policy is not None and not self.policy.loaded
 
 
-def _version_key(v: str) -> tuple[int, int, str]:
-    return (0, int(v), v) if v.isdigit() else (1, 0, v)
-
-
-def merge(workers: list[WorkerInfo], known: dict[str, ModelMetadata]) -> dict[str, ModelEntry]:
+def merge(
+    workers: list[WorkerInfo],
+    known: dict[str, ModelMetadata],
+    policies: dict[str, VersionPolicy] | None = None,
+) -> dict[str, ModelEntry]:
     """Combine advertisements: versions are the union across live workers, the rest of the
-    metadata comes from the most recently started worker (the newest rollout wins)."""
-    entries: dict[str, ModelEntry] = {name: ModelEntry(meta, 0) for name, meta in known.items()}
+    metadata comes from the most recently started worker (the newest rollout wins). A committed
+    policy narrows the versions to those it names and sets the traffic split."""
+    policies = policies or {}
+    entries: dict[str, ModelEntry] = {
+        name: _entry(meta, 0, set(meta.versions), policies.get(name))
+        for name, meta in known.items()
+    }
     newest: dict[str, tuple[int, ModelMetadata, set[str], int]] = {}
     for w in workers:
         for m in w.models:
@@ -49,22 +63,29 @@ def merge(workers: list[WorkerInfo], known: dict[str, ModelMetadata]) -> dict[st
                 started, meta = w.started_ms, m
             newest[m.name] = (started, meta, versions, count + 1)
     for name, (_, meta, versions, count) in newest.items():
-        ordered = tuple(sorted(versions, key=_version_key))
-        default = meta.default_version if meta.default_version in versions else ordered[-1]
-        merged = ModelMetadata(
-            name,
-            ordered,
-            default,
-            meta.platform,
-            meta.inputs,
-            meta.outputs,
-            meta.max_batch,
-            meta.default_timeout_ms,
-            meta.cache_enabled,
-            meta.cache_ttl_s,
-        )
-        entries[name] = ModelEntry(merged, count)
+        entries[name] = _entry(meta, count, versions, policies.get(name))
     return entries
+
+
+def _entry(
+    meta: ModelMetadata, workers: int, versions: set[str], policy: VersionPolicy | None
+) -> ModelEntry:
+    if policy is not None:
+        # Versions the policy names, whether or not a worker advertises them yet: a worker that
+        # restarts mid-swap must not make the gateway route around the committed policy.
+        versions = set(policy.versions)
+        split = policy.traffic()
+    else:
+        split = VersionPolicy(
+            tuple(sorted(versions, key=version_order)),
+            {v: w for v, w in meta.weights.items() if v in versions}
+            if any(meta.weights.get(v, 0) > 0 for v in versions)
+            else {},
+        ).traffic()
+    ordered = tuple(sorted(versions, key=version_order))
+    default = max(ordered, key=lambda v: (split.get(v, 0.0), version_order(v)), default="")
+    merged = replace(meta, versions=ordered, default_version=default)
+    return ModelEntry(merged, workers, {v: w for v, w in split.items() if w > 0}, policy)
 
 
 class ModelRegistry:
@@ -79,6 +100,9 @@ class ModelRegistry:
         self.redis_ok = False
         self._last_refresh = 0.0
         self._refreshing: asyncio.Lock = asyncio.Lock()
+        self._workers: list[WorkerInfo] = []
+        self._known: dict[str, ModelMetadata] = {}
+        self._policies: dict[str, VersionPolicy] = {}
         self._backlog: dict[tuple[str, Lane], int] = {}
         self._queued_since: dict[str, int] = {}
 
@@ -89,6 +113,16 @@ class ModelRegistry:
         lanes = LANES_BY_PRIORITY[: LANES_BY_PRIORITY.index(through) + 1]
         since = self._queued_since.get(model, 0)
         return sum(self._backlog.get((model, lane), 0) for lane in lanes) + since
+
+    def apply_policy(self, model: str, policy: VersionPolicy) -> None:
+        """A policy this gateway just committed: route by it now, not at the next refresh."""
+        if policy.generation >= getattr(self._policies.get(model), "generation", -1):
+            self._policies = {**self._policies, model: policy}
+            self.models = merge(self._workers, self._known, self._policies)
+
+    def live_worker_infos(self) -> list[WorkerInfo]:
+        """The live workers' advertisements as of the last refresh."""
+        return self._workers
 
     def note_queued(self, model: str) -> None:
         self._queued_since[model] = self._queued_since.get(model, 0) + 1
@@ -109,6 +143,7 @@ class ModelRegistry:
                 pipe = self._redis.pipeline(transaction=False)
                 if ids:
                     pipe.mget([self._keys.worker(i.decode()) for i in ids])
+                pipe.hgetall(self._keys.policies)
                 pipe.hgetall(self._keys.models)
                 replies = await pipe.execute()
             except (RedisError, OSError) as e:
@@ -125,7 +160,14 @@ class ModelRegistry:
                     known[name.decode()] = ModelMetadata.decode(raw)
                 except ProtocolError:
                     continue
-            self.models = merge(workers, known)
+            policies = {}
+            for name, raw in replies[-2].items():
+                try:
+                    policies[name.decode()] = VersionPolicy.decode(raw)
+                except ProtocolError as e:
+                    log.warning("ignoring a version policy", model=name, error=str(e))
+            self._workers, self._known, self._policies = workers, known, policies
+            self.models = merge(workers, known, policies)
             self._queued_since = {}
             await self._refresh_backlog()
 

@@ -35,6 +35,7 @@ from producer.metrics import GatewayMetrics
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelEntry, ModelRegistry
 from producer.replies import ReplyListener
+from producer.routing import VersionRouter
 from producer.settings import GatewaySettings
 from producer.v2 import InferRequestBody, parse_infer_request
 from protocol import ProtocolError
@@ -91,16 +92,28 @@ class InferenceService:
         self.waiting: Counter[str] = Counter()
         """Requests per model this gateway has queued and still waits on."""
         self._ids = itertools.count()
+        self.router = VersionRouter()
 
-    async def model(self, name: str, version: str | None = None) -> tuple[ModelEntry, str]:
-        """The model's entry and the concrete version a request goes to; 404 if unknown."""
+    async def model(
+        self, name: str, version: str | None = None, *, route: bool = True
+    ) -> tuple[ModelEntry, str]:
+        """The model's entry and the concrete version a request goes to: the one it names, or
+        one picked by the model's traffic split (``route``; else the default version, for
+        metadata). 404 if unknown, 503 if unloaded."""
         entry = await self.registry.lookup(name) if is_valid_name(name) else None
         if entry is None:
             known = ", ".join(sorted(self.registry.models)) or "none yet"
             raise NotFound(f"unknown model '{name}' (models served: {known})")
         meta = entry.metadata
+        if entry.unloaded and route:
+            raise ServiceUnavailable(
+                f"model '{name}' is unloaded; an administrator can load it with "
+                f"POST /v2/repository/models/{name}/load"
+            )
         if version is None or version == "":
-            return entry, meta.default_version
+            if not entry.traffic or not route:
+                return entry, meta.default_version
+            return entry, self.router.choose(name, entry.traffic)
         if version not in meta.versions:
             raise NotFound(
                 f"model '{name}' has no version '{version}' (versions: {', '.join(meta.versions)})"

@@ -43,4 +43,8 @@ class GatewaySettings:
     """Upper bound on ``GET /v2/jobs/{id}?wait=``."""
     stream_gauges_s: float = 5.0
     """How often the stream gauges (length, lag, pending, ...) are refreshed from Redis."""
+    admin_token: str | None = None
+    """Bearer token of the model-control API (``--admin-token``); unset disables it."""
+    admin_load_timeout_s: float = 120.0
+    """How long a model load waits for every worker to load and warm the new versions."""
     log_level: str = "info"

@@ -13,6 +13,12 @@ Layout (namespace ``inferq`` by default)::
     {ns}:idempotency:{model}:{key}   Idempotency-Key of a job submission -> job id, with a TTL
     {ns}:jobevents                stream of finished job ids, read by every gateway
     {ns}:dlq:{model}              dead-letter stream per model (reserved for fault handling)
+    {ns}:control                  control stream: model load/commit/abort commands to workers
+    {ns}:control:reply:{id}       list: workers' answers to one load command, with a TTL
+    {ns}:policies                 hash: model name -> committed version policy (versions, weights)
+    {ns}:policy:generation        counter: the last policy generation handed out
+    {ns}:modelstatus:{model}      hash: worker id -> what it loaded (or failed to) for the model
+    {ns}:lock:model:{model}       held while an admin load or unload of the model is in flight
 
 Model names and versions are validated by the gateway and the model repository before they are
 ever used in a key (see ``is_valid_name``), so a name cannot smuggle in a ``:`` or a path.
@@ -116,3 +122,24 @@ class Keys:
 
     def dlq(self, model: str) -> str:
         return f"{self.namespace}:dlq:{model}"
+
+    @property
+    def control(self) -> str:
+        return f"{self.namespace}:control"
+
+    def control_reply(self, command_id: str) -> str:
+        return f"{self.namespace}:control:reply:{command_id}"
+
+    @property
+    def policies(self) -> str:
+        return f"{self.namespace}:policies"
+
+    @property
+    def policy_generation(self) -> str:
+        return f"{self.namespace}:policy:generation"
+
+    def model_status(self, model: str) -> str:
+        return f"{self.namespace}:modelstatus:{model}"
+
+    def model_lock(self, model: str) -> str:
+        return f"{self.namespace}:lock:model:{model}"

@@ -7,12 +7,13 @@ many consumers serve each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import msgpack
 
 from protocol import PROTOCOL_VERSION
+from protocol.control import check_weights
 from protocol.errors import ProtocolError, VersionMismatch
 from protocol.tensor import DATATYPES
 
@@ -60,6 +61,8 @@ class ModelMetadata:
     default_timeout_ms: int
     cache_enabled: bool
     cache_ttl_s: int
+    weights: dict[str, float] = field(default_factory=dict)
+    """The repository config's traffic weights per version (empty: all to the default)."""
 
     def wire(self) -> list[Any]:
         return [
@@ -73,13 +76,16 @@ class ModelMetadata:
             self.default_timeout_ms,
             self.cache_enabled,
             self.cache_ttl_s,
+            self.weights,
         ]
 
     @classmethod
     def from_wire(cls, item: Any) -> ModelMetadata:
-        if not (isinstance(item, list) and len(item) == 10):
-            raise ProtocolError("model metadata is not a 10-field list")
-        name, versions, default, platform, inputs, outputs, mb, timeout, cache, ttl = item
+        if not (isinstance(item, list) and len(item) == 11):
+            raise ProtocolError("model metadata is not an 11-field list")
+        name, versions, default, platform, inputs, outputs, mb, timeout, cache, ttl, weights = item
+        if not isinstance(weights, dict):
+            raise ProtocolError(f"model {name!r}: weights must be a map")
         if not isinstance(name, str) or not isinstance(versions, list):
             raise ProtocolError("model metadata: invalid name or versions")
         if not all(isinstance(v, str) for v in versions) or not isinstance(default, str):
@@ -101,6 +107,7 @@ class ModelMetadata:
             default_timeout_ms=timeout,
             cache_enabled=cache,
             cache_ttl_s=ttl,
+            weights=check_weights(weights, what=f"model {name} weights") if weights else {},
         )
 
     def encode(self) -> bytes:

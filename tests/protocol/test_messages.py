@@ -155,6 +155,7 @@ def _metadata(name: str = "digits", cache: bool = True) -> ModelMetadata:
         default_timeout_ms=10_000,
         cache_enabled=cache,
         cache_ttl_s=300,
+        weights={"2": 90.0, "10": 10.0} if cache else {},
     )
 
 
@@ -355,8 +356,9 @@ def enum(values: frozenset[str] | set[str]) -> Node:
 
 TENSOR = Node("tensor", (STR, enum(DATATYPES), list_of(DIM), BYTES_))
 SPEC = fixed(STR, enum(DATATYPES), list_of(SPEC_DIM))
+WEIGHTS = Node("weights")
 METADATA_WIRE = fixed(
-    STR, list_of(STR), STR, STR, list_of(SPEC), list_of(SPEC), INT, INT, BOOL, INT
+    STR, list_of(STR), STR, STR, list_of(SPEC), list_of(SPEC), INT, INT, BOOL, INT, WEIGHTS
 )
 REQUEST_SCHEMA = fixed(
     VERSION,
@@ -431,6 +433,7 @@ ALLOWED = {
     "dim": {"int"},
     "spec_dim": {"int"},
     "version": {"int"},
+    "weights": {"dict"},
 }
 
 

@@ -1,0 +1,291 @@
+"""A worker's side of the model control plane (see ``protocol.control``).
+
+Owned by the worker: ``start`` records where the control stream ends before the worker reads
+the committed policies (so no command between the two is missed), ``run`` follows the stream on
+its own blocking connection, and ``stop`` cancels it and any pending retirements.
+
+Loading happens on a thread while the model keeps serving its current versions; a version
+loaded for a PREPARE waits on standby (it can already answer a request routed to it, which
+closes the window between a gateway's commit and this worker seeing it) until COMMIT installs
+it or ABORT unloads it. Versions a commit drops keep answering for ``retire_after_s`` so that
+requests routed to them before the switch finish on them, then they are unloaded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from consumer.backends import Backend
+from consumer.repository import ModelConfig, load_config
+from inferq.aio import cancelling
+from protocol import ProtocolError
+from protocol.control import COMMAND_FIELD, Command, LoadReport, Op, VersionPolicy
+from protocol.keys import Keys
+
+if TYPE_CHECKING:
+    from consumer.worker import ModelSlot
+
+log = structlog.get_logger("inferq.worker")
+
+REPLY_TTL_S = 600
+"""How long a load command's answers stay readable (the admin call reads them sooner)."""
+
+
+class ModelControl:
+    def __init__(
+        self,
+        *,
+        worker_id: str,
+        redis: aioredis.Redis,
+        reader: aioredis.Redis,
+        keys: Keys,
+        repository: Path,
+        slots: dict[str, ModelSlot],
+        now_ms: Callable[[], int],
+        republish: Callable[[], Awaitable[None]],
+        block_ms: int,
+        retire_after_s: float,
+    ) -> None:
+        self.worker_id = worker_id
+        self._redis = redis
+        self._reader = reader
+        self._keys = keys
+        self._repository = repository
+        self._slots = slots
+        self._now_ms = now_ms
+        self._republish = republish
+        self._block_ms = block_ms
+        self._retire_after_s = retire_after_s
+        self._last_id = "0-0"
+        self._prepared: dict[str, tuple[int, ModelConfig]] = {}
+        self._generation: dict[str, int] = {}
+        self._retirements: set[asyncio.Task[None]] = set()
+        self.applied = asyncio.Condition()
+        """Notified after every command is handled (tests wait on it)."""
+
+    async def committed_policies(self) -> dict[str, VersionPolicy]:
+        """Mark the end of the control stream, then read the committed policies: every change
+        committed after this read arrives as a command."""
+        last: Any = await self._redis.xrevrange(self._keys.control, count=1)
+        self._last_id = last[0][0].decode() if last else "0-0"
+        raw: Any = await self._redis.hgetall(self._keys.policies)
+        policies = {}
+        for name, value in raw.items():
+            try:
+                policies[name.decode()] = VersionPolicy.decode(value)
+            except ProtocolError as e:
+                log.warning("ignoring a version policy", model=name, error=str(e))
+        for name, policy in policies.items():
+            self._generation[name] = policy.generation
+        return policies
+
+    async def report_started(self) -> None:
+        """The model-status line of every model at start, so ``inferq models status`` shows it."""
+        for slot in self._slots.values():
+            model = slot.model
+            await self._report(
+                LoadReport(
+                    self.worker_id,
+                    model.name,
+                    self._generation.get(model.name, 0),
+                    True,
+                    tuple(model.backends),
+                    updated_ms=self._now_ms(),
+                ),
+                reply_to="",
+            )
+
+    async def run(self) -> None:
+        backoff = 0.05
+        while not cancelling():
+            try:
+                reply: Any = await self._reader.xread(
+                    {self._keys.control: self._last_id}, count=16, block=self._block_ms
+                )
+                backoff = 0.05
+            except (RedisError, OSError) as e:
+                log.warning("control stream read failed, retrying", error=str(e))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    self._last_id = entry_id.decode()
+                    await self._handle_entry(fields)
+
+    async def stop(self) -> None:
+        for task in self._retirements:
+            task.cancel()
+        await asyncio.gather(*self._retirements, return_exceptions=True)
+
+    async def _handle_entry(self, fields: dict[bytes, bytes]) -> None:
+        try:
+            command = Command.decode(fields.get(COMMAND_FIELD, b""))
+        except ProtocolError as e:
+            log.warning("ignoring a control command", error=str(e))
+            return
+        slot = self._slots.get(command.model)
+        if slot is not None:
+            try:
+                if command.op is Op.PREPARE:
+                    await self._prepare(slot, command)
+                elif command.op is Op.COMMIT:
+                    await self._commit(slot, command.policy)
+                else:
+                    await self._abort(slot, command.policy)
+            except (RedisError, OSError) as e:
+                log.warning("control command not fully applied", op=command.op, error=str(e))
+        async with self.applied:
+            self.applied.notify_all()
+
+    async def _prepare(self, slot: ModelSlot, command: Command) -> None:
+        model, policy = slot.model, command.policy
+        started = time.perf_counter()
+        loaded: dict[str, Backend] = {}
+        try:
+            # No versions: as the repository config says (it may name a new version now).
+            config = load_config(self._repository, model.name, policy if policy.versions else None)
+            have = {*model.backends, *model.standby}
+            for version in config.versions:
+                if version not in have:
+                    loaded[version] = await asyncio.to_thread(model.load_version, config, version)
+        except Exception as e:  # a model file can fail to load in any way; report, keep serving
+            for backend in loaded.values():
+                await asyncio.to_thread(backend.unload)
+            error = f"{type(e).__name__}: {e}" if not str(e).startswith("model") else str(e)
+            log.error(
+                "model load failed; still serving the current versions",
+                model=model.name,
+                versions=policy.versions,
+                error=error,
+            )
+            report = LoadReport(
+                self.worker_id,
+                model.name,
+                policy.generation,
+                False,
+                tuple(model.backends),
+                error=error,
+                load_ms=(time.perf_counter() - started) * 1000,
+                updated_ms=self._now_ms(),
+            )
+            await self._report(report, command.reply_to)
+            return
+        for version, backend in loaded.items():
+            model.stage(version, backend)
+        self._prepared[model.name] = (policy.generation, config)
+        log.info(
+            "model versions loaded, waiting for commit",
+            model=model.name,
+            loaded=sorted(loaded),
+            load_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        await self._report(
+            LoadReport(
+                self.worker_id,
+                model.name,
+                policy.generation,
+                True,
+                config.versions,
+                load_ms=(time.perf_counter() - started) * 1000,
+                updated_ms=self._now_ms(),
+                weights=config.weights,
+            ),
+            command.reply_to,
+        )
+
+    async def _commit(self, slot: ModelSlot, policy: VersionPolicy) -> None:
+        model = slot.model
+        if policy.generation <= self._generation.get(model.name, -1):
+            return
+        generation, config = self._prepared.pop(model.name, (None, None))
+        if generation != policy.generation or config is None:
+            # This worker missed the prepare (it started during the change): load now.
+            try:
+                config = load_config(self._repository, model.name, policy)
+                for version in config.versions:
+                    if model.backend_for(version) is None:
+                        model.stage(
+                            version, await asyncio.to_thread(model.load_version, config, version)
+                        )
+            except Exception as e:
+                log.error("cannot serve the committed policy", model=model.name, error=str(e))
+                await self._report(
+                    LoadReport(
+                        self.worker_id,
+                        model.name,
+                        policy.generation,
+                        False,
+                        tuple(model.backends),
+                        error=str(e),
+                        updated_ms=self._now_ms(),
+                    ),
+                    "",
+                )
+                return
+        model.install(config)
+        self._generation[model.name] = policy.generation
+        await self._republish()
+        await self._report(
+            LoadReport(
+                self.worker_id,
+                model.name,
+                policy.generation,
+                True,
+                tuple(model.backends),
+                updated_ms=self._now_ms(),
+            ),
+            "",
+        )
+        log.info(
+            "model policy committed",
+            model=model.name,
+            versions=list(model.backends),
+            retiring=sorted(model.retiring),
+            generation=policy.generation,
+        )
+        if model.retiring:
+            task = asyncio.create_task(self._retire(slot, set(model.retiring)))
+            self._retirements.add(task)
+            task.add_done_callback(self._retirements.discard)
+
+    async def _abort(self, slot: ModelSlot, policy: VersionPolicy) -> None:
+        model = slot.model
+        prepared = self._prepared.get(model.name)
+        if prepared is not None and prepared[0] == policy.generation:
+            del self._prepared[model.name]
+        dropped = model.discard_standby()
+        for backend in dropped:
+            await asyncio.to_thread(backend.unload)
+        if dropped:
+            log.info("model change aborted; standby versions unloaded", model=model.name)
+
+    async def _retire(self, slot: ModelSlot, versions: set[str]) -> None:
+        """Unload dropped versions once requests routed to them before the switch are done:
+        after the grace period and when none is still queued here."""
+        await asyncio.sleep(self._retire_after_s)
+        # A rare, one-off wait: polling the dispatcher's queue beats a new event it must set.
+        while any(q.item.request.version in versions for q in slot.queue):  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        for backend in slot.model.take_retiring(versions):
+            await asyncio.to_thread(backend.unload)
+        log.info(
+            "retired model versions unloaded", model=slot.model.name, versions=sorted(versions)
+        )
+
+    async def _report(self, report: LoadReport, reply_to: str) -> None:
+        payload = report.encode()
+        pipe = self._redis.pipeline(transaction=False)
+        if reply_to:
+            pipe.rpush(reply_to, payload)
+            pipe.expire(reply_to, REPLY_TTL_S)
+        pipe.hset(self._keys.model_status(report.model), self.worker_id, payload)
+        await pipe.execute()
