@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from producer.routing import ROUTED_VERSION
+
 if TYPE_CHECKING:
     from producer.gateway import Gateway
 
@@ -62,16 +64,20 @@ class RequestMetrics:
                 status = message["status"]
             await send(message)
 
+        routed = ROUTED_VERSION.set(None)
         try:
             await self.app(scope, receive, send_and_watch)
         finally:
-            self._observe(scope, status, time.perf_counter() - started)
+            self._observe(scope, status, time.perf_counter() - started, ROUTED_VERSION.get())
+            ROUTED_VERSION.reset(routed)
 
-    def _observe(self, scope: Scope, status: int, seconds: float) -> None:
+    def _observe(self, scope: Scope, status: int, seconds: float, routed: str | None) -> None:
         endpoint, model, version = classify(scope["path"], scope["method"])
         entry = self.gateway.registry.models.get(model) if model else None
         if entry is None:
             model = version = None
+        elif routed is not None:
+            version = routed  # a version the registry knew when the request was routed
         elif version not in entry.metadata.versions:
             version = entry.metadata.default_version if version is None else None
         body_bytes = None

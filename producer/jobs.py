@@ -23,6 +23,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from producer.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, TooManyRequests
+from producer.routing import ROUTED_VERSION
 from producer.service import InferenceService
 from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response, parse_infer_request
@@ -78,6 +79,7 @@ class JobService:
         traceparent: str | None,
     ) -> Submitted:
         entry, version = await self.inference.model(name, version)
+        ROUTED_VERSION.set(version)
         meta = entry.metadata
         body = parse_infer_request(raw, header_length, meta)
         sched = self.inference.schedule(meta, body, no_cache=True)  # validates the parameters

@@ -99,8 +99,9 @@ class GatewayMetrics:
         self.request_duration = Histogram(
             "inferq_gateway_request_duration_seconds",
             "End-to-end time from the request reaching the route to the response being ready, "
-            "by model, endpoint and status class (2xx, 4xx, 5xx).",
-            ["model", "endpoint", "status_class"],
+            "by model, version (the one it was routed to: compare a canary with the rest), "
+            "endpoint and status class (2xx, 4xx, 5xx).",
+            ["model", "version", "endpoint", "status_class"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -207,7 +208,9 @@ class GatewayMetrics:
             label = _one_of(endpoint, ENDPOINTS)
             children = self._request_children[key] = (
                 self.requests.labels(model or "", version or "", label, str(status)),
-                self.request_duration.labels(model or "", label, _status_class(status)),
+                self.request_duration.labels(
+                    model or "", version or "", label, _status_class(status)
+                ),
                 self.request_body.labels(model or ""),
             )
         count, duration, body = children

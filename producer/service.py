@@ -35,7 +35,7 @@ from producer.metrics import GatewayMetrics
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelEntry, ModelRegistry
 from producer.replies import ReplyListener
-from producer.routing import VersionRouter
+from producer.routing import ROUTED_VERSION, VersionRouter
 from producer.settings import GatewaySettings
 from producer.v2 import InferRequestBody, parse_infer_request
 from protocol import ProtocolError
@@ -150,6 +150,7 @@ class InferenceService:
     ) -> InferOutcome:
         started = time.monotonic()
         entry, version = await self.model(name, version)
+        ROUTED_VERSION.set(version)
         meta = entry.metadata
         body = parse_infer_request(raw, header_length, meta)
         sched = self.schedule(meta, body, no_cache=no_cache)

@@ -119,7 +119,7 @@ class VersionPolicy:
 
     @classmethod
     def decode(cls, raw: bytes) -> VersionPolicy:
-        return cls.from_wire(_unpack(raw, "version policy", 2)[1])
+        return cls.from_wire(_unpack(raw, "version policy", 4)[1:])
 
 
 class Op(StrEnum):
