@@ -1,0 +1,238 @@
+"""``inferq models list|status``: each model's versions, traffic split, and which workers serve
+which version (with the last load error, if any), read from Redis.
+
+What it shows is what the gateways route by: the committed policy (``POST
+/v2/repository/models/{m}/load``) where there is one, else the live workers' own advertisement
+of their repository config. Only live workers are listed; a status line left by a worker that
+has gone is not shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO, cast
+
+import redis
+
+from inferq.connections import redact
+from producer.registry import ModelEntry, merge
+from protocol import ProtocolError
+from protocol.control import LoadReport, VersionPolicy
+from protocol.keys import Keys
+from protocol.registry import ModelMetadata, WorkerInfo
+
+EXIT_OK = 0
+EXIT_NOT_FOUND = 1
+EXIT_REDIS = 4
+
+
+@dataclass(frozen=True)
+class ModelView:
+    name: str
+    entry: ModelEntry
+    workers: list[LoadReport]
+    """One line per live worker serving the model."""
+
+    @property
+    def state(self) -> str:
+        if self.entry.unloaded:
+            return "UNLOADED"
+        if not self.entry.workers:
+            return "UNAVAILABLE"
+        if any(not w.ok for w in self.workers):
+            return "READY (last load failed)"
+        return "READY"
+
+    def to_json(self) -> dict[str, Any]:
+        policy = self.entry.policy
+        return {
+            "name": self.name,
+            "state": self.state,
+            "versions": list(self.entry.metadata.versions),
+            "traffic": self.entry.traffic,
+            "policy_generation": policy.generation if policy else 0,
+            "policy": "admin" if policy else "repository config",
+            "workers": [
+                {
+                    "worker": w.worker,
+                    "versions": list(w.versions),
+                    "ok": w.ok,
+                    "error": w.error,
+                    "generation": w.generation,
+                    "updated_ms": w.updated_ms,
+                }
+                for w in self.workers
+            ],
+        }
+
+
+def snapshot(r: redis.Redis, keys: Keys, now_ms: int | None = None) -> list[ModelView]:
+    """Every known model as the gateways see it, with its live workers' status lines."""
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    ids = [i.decode() for i in cast(list[bytes], r.zrangebyscore(keys.workers, now_ms, "+inf"))]
+    pipe = r.pipeline(transaction=False)
+    if ids:
+        pipe.mget([keys.worker(i) for i in ids])
+    pipe.hgetall(keys.policies)
+    pipe.hgetall(keys.models)
+    replies = pipe.execute()
+    workers = []
+    for raw in replies[0] if ids else []:
+        if raw:
+            try:
+                workers.append(WorkerInfo.decode(raw))
+            except ProtocolError:
+                continue
+    policies = _decoded(replies[-2], VersionPolicy.decode)
+    known = _decoded(replies[-1], ModelMetadata.decode)
+    entries = merge(workers, known, policies)
+    names = sorted(entries)
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.hgetall(keys.model_status(name))
+    live = {w.id: w for w in workers}
+    views = []
+    for name, raw in zip(names, pipe.execute(), strict=True):
+        lines = [
+            report
+            for worker, value in raw.items()
+            if worker.decode() in live
+            and any(m.name == name for m in live[worker.decode()].models)
+            and (report := _report(value)) is not None
+        ]
+        views.append(ModelView(name, entries[name], sorted(lines, key=lambda w: w.worker)))
+    return views
+
+
+def _decoded(raw: dict[bytes, bytes], decode: Any) -> dict[str, Any]:
+    out = {}
+    for name, value in raw.items():
+        try:
+            out[name.decode()] = decode(value)
+        except ProtocolError:
+            continue
+    return out
+
+
+def _report(raw: bytes) -> LoadReport | None:
+    try:
+        return LoadReport.decode(raw)
+    except ProtocolError:
+        return None
+
+
+def _traffic(entry: ModelEntry) -> str:
+    if entry.unloaded:
+        return "-"
+    return ", ".join(f"{v}: {share:.0%}" for v, share in entry.traffic.items()) or "-"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def render_list(views: Sequence[ModelView]) -> str:
+    rows = [("MODEL", "VERSIONS", "TRAFFIC", "WORKERS", "POLICY", "STATE")]
+    for v in views:
+        policy = v.entry.policy
+        rows.append(
+            (
+                v.name,
+                ",".join(v.entry.metadata.versions) or "-",
+                _traffic(v.entry),
+                str(v.entry.workers),
+                f"admin (gen {policy.generation})" if policy else "config",
+                v.state,
+            )
+        )
+    return _table(rows) + "\n"
+
+
+def render_status(views: Sequence[ModelView]) -> str:
+    out = []
+    for v in views:
+        policy = v.entry.policy
+        source = f"admin policy, generation {policy.generation}" if policy else "repository config"
+        out.append(
+            f"{v.name}: {v.state}; versions {', '.join(v.entry.metadata.versions) or 'none'}; "
+            f"traffic {_traffic(v.entry)} ({source})"
+        )
+        if not v.workers:
+            out.append("  no live worker serves it")
+            continue
+        rows = [("  WORKER", "VERSIONS", "LAST CHANGE", "UPDATED", "ERROR")]
+        for w in v.workers:
+            updated = time.strftime("%H:%M:%S", time.localtime(w.updated_ms / 1000))
+            rows.append(
+                (
+                    f"  {w.worker}",
+                    ",".join(w.versions) or "-",
+                    f"gen {w.generation} {'ok' if w.ok else 'FAILED'}",
+                    updated,
+                    w.error,
+                )
+            )
+        out.append(_table(rows))
+    return "\n".join(out) + "\n"
+
+
+def add_actions(actions: Any) -> None:
+    """``list`` and ``status`` under ``inferq models`` (``actions`` from add_subparsers)."""
+    ls = actions.add_parser("list", help="each model: versions, traffic split, workers")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    st = actions.add_parser(
+        "status", help="per model, which workers serve which versions, and load errors"
+    )
+    st.add_argument("models", nargs="*", help="only these models (default: all)")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def add_connection_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    parser.add_argument(
+        "--redis",
+        dest="redis_url",
+        default=environ.get("INFERQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        help="Redis URL [env INFERQ_REDIS_URL]",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=environ.get("INFERQ_NAMESPACE", "inferq"),
+        help="key prefix [env INFERQ_NAMESPACE]",
+    )
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
+    """``inferq models list`` or ``inferq models status``; returns the exit status."""
+    out = sys.stdout if out is None else out
+    keys = Keys(args.namespace)
+    try:
+        with redis.Redis.from_url(args.redis_url, socket_timeout=5) as r:
+            now_ms = int(cast(tuple[int, int], r.time())[0]) * 1000
+            views = snapshot(r, keys, now_ms)
+    except (redis.RedisError, OSError) as e:
+        print(f"inferq models: Redis at {redact(args.redis_url)} failed: {e}", file=sys.stderr)
+        return EXIT_REDIS
+    wanted = getattr(args, "models", None) or []
+    if wanted:
+        missing = sorted(set(wanted) - {v.name for v in views})
+        if missing:
+            known = ", ".join(v.name for v in views) or "none"
+            print(f"inferq models: unknown model {missing[0]!r} (known: {known})", file=sys.stderr)
+            return EXIT_NOT_FOUND
+        views = [v for v in views if v.name in wanted]
+    if args.json:
+        out.write(json.dumps([v.to_json() for v in views], indent=2) + "\n")
+    elif not views:
+        print(f"inferq models: no models known in namespace '{args.namespace}'", file=sys.stderr)
+    else:
+        out.write(render_list(views) if args.action == "list" else render_status(views))
+    return EXIT_OK
