@@ -18,8 +18,10 @@ _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "requir
 def _errors(*codes: int) -> dict[str, Any]:
     reasons = {
         400: "invalid request (a readable message says what)",
+        401: "no admin token sent (model-control API)",
+        403: "wrong admin token, or the model-control API is disabled",
         404: "unknown model, version, job or endpoint",
-        409: "the job has already started or finished",
+        409: "the job has already started or finished; or another load of the model is running",
         413: "request body too large",
         415: "unsupported Content-Type or Content-Encoding",
         429: "overloaded or backlog full; see Retry-After",
@@ -257,6 +259,81 @@ def document() -> dict[str, Any]:
                 },
             },
         }
+    admin = [{"adminToken": []}]
+    load_body = {
+        "required": False,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "parameters": {
+                            "type": "object",
+                            "description": "'version' (serve only that version) or 'weights' "
+                            "(version -> relative share of requests that name no version); "
+                            "neither: as the repository config says",
+                            "properties": {
+                                "version": {"type": "string"},
+                                "weights": {
+                                    "type": "object",
+                                    "additionalProperties": {"type": "number", "minimum": 0},
+                                },
+                            },
+                        }
+                    },
+                }
+            }
+        },
+    }
+    paths["/v2/repository/index"] = {
+        "post": {
+            "summary": "Every model version and its state (Triton's repository index)",
+            "security": admin,
+            "requestBody": {
+                "required": False,
+                "content": {
+                    "application/json": {
+                        "schema": {"type": "object", "properties": {"ready": {"type": "boolean"}}}
+                    }
+                },
+            },
+            "responses": {
+                "200": {
+                    "description": "name, version, state (READY or UNAVAILABLE), reason, traffic",
+                    "content": {
+                        "application/json": {
+                            "schema": {"type": "array", "items": {"type": "object"}}
+                        }
+                    },
+                },
+                **_errors(400, 401, 403, 503),
+            },
+        }
+    }
+    paths["/v2/repository/models/{model}/load"] = {
+        "parameters": _params("model"),
+        "post": {
+            "summary": "Load versions on every worker, warm them, then switch traffic",
+            "security": admin,
+            "requestBody": load_body,
+            "responses": {
+                "200": {"description": "the committed policy and each worker's load time"},
+                **_errors(400, 401, 403, 404, 409, 503),
+            },
+        },
+    }
+    paths["/v2/repository/models/{model}/unload"] = {
+        "parameters": _params("model"),
+        "post": {
+            "summary": "Unload the model, or one version with {'parameters': {'version': v}}",
+            "security": admin,
+            "requestBody": load_body,
+            "responses": {
+                "200": {"description": "the policy left"},
+                **_errors(400, 401, 403, 404, 409, 503),
+            },
+        },
+    }
     return {
         "openapi": "3.0.3",
         "info": {
@@ -266,5 +343,8 @@ def document() -> dict[str, Any]:
             "with async jobs.",
         },
         "paths": paths,
-        "components": {"schemas": schemas},
+        "components": {
+            "schemas": schemas,
+            "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
+        },
     }
