@@ -188,6 +188,8 @@ class Worker:
         names = list(s.models) or list_models(s.model_repository)
         if not names:
             raise RuntimeError(f"no models to serve in {s.model_repository}")
+        # Check every config before touching Redis: a typo is reported as such, at once.
+        configs = {n: load_config(s.model_repository, n) for n in names}
         self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
         self._reader = blocking_client(
             s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
@@ -213,7 +215,9 @@ class Worker:
         policies = await self.control.committed_policies()
         models = []
         for n in names:
-            config = load_config(s.model_repository, n, policies.get(n))
+            config = (
+                load_config(s.model_repository, n, policies[n]) if n in policies else configs[n]
+            )
             models.append(
                 ServedModel(config, device=s.device, max_batch=s.max_batch, flush_ms=s.flush_ms)
             )

@@ -486,3 +486,41 @@ def test_a_repository_that_is_not_a_folder_is_rejected(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(RepositoryError, match="not a directory"):
         list_models(tmp_path / "file")
+
+
+def test_weights_in_the_config_pick_the_versions_and_their_split(tmp_path: Path) -> None:
+    make_model(
+        tmp_path,
+        config=SIMULATED + '[version_policy]\nweights = { "1" = 90, "2" = 10 }\n',
+        versions=("1", "2", "3"),
+    )
+    config = load_config(tmp_path, "m")
+    assert config.versions == ("1", "2")
+    assert config.weights == {"1": 90.0, "2": 10.0}
+    assert config.metadata().weights == {"1": 90.0, "2": 10.0}
+
+
+@pytest.mark.parametrize(
+    ("weights", "words"),
+    [
+        ('{ "1" = -1 }', "not negative"),
+        ('{ "7" = 1 }', "no folder: 7"),
+        ('{ "1" = "x" }', "must be a number"),
+        ("[1]", "must be dict"),
+    ],
+)
+def test_bad_config_weights_name_the_field(tmp_path: Path, weights: str, words: str) -> None:
+    make_model(tmp_path, config=SIMULATED + f"[version_policy]\nweights = {weights}\n")
+    message = rejected(tmp_path)
+    assert "version_policy.weights" in message and words in message
+
+
+def test_a_committed_policy_overrides_the_config(tmp_path: Path) -> None:
+    from protocol.control import VersionPolicy
+
+    make_model(tmp_path, versions=("1", "2", "3"))
+    config = load_config(tmp_path, "m", VersionPolicy(("1", "3"), {"1": 1.0, "3": 1.0}, 5))
+    assert config.versions == ("1", "3") and config.weights == {"1": 1.0, "3": 1.0}
+    assert load_config(tmp_path, "m", VersionPolicy((), {}, 6)).versions == ()
+    with pytest.raises(RepositoryError, match="no version folder for 9"):
+        load_config(tmp_path, "m", VersionPolicy(("9",), {}, 7))
