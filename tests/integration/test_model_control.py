@@ -184,7 +184,8 @@ def test_a_corrupt_version_is_refused_and_the_old_one_keeps_serving(control_stac
     with capsys.disabled():
         by = Counter((o.status, o.version) for o in outcomes)
         print(
-            f"\nmodel-control[corrupt v3 under load, 600 req c=8]: load -> {answer['status']}; {dict(by)}"
+            f"\nmodel-control[corrupt v3 under load, 600 req c=8]: "
+            f"load -> {answer['status']}; {dict(by)}"
         )
     assert answer["status"] == 400
     error = answer["body"]["error"]
@@ -371,3 +372,51 @@ def test_a_second_change_while_one_is_in_flight_is_a_conflict(control_stack, red
         admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "2"}}).status_code
         == 200
     )
+
+
+# -- inferq models list|status ---------------------------------------------------------------
+
+
+def test_inferq_models_shows_versions_traffic_and_each_workers_state(
+    control_stack, redis_url, namespace, capsys
+):
+    from inferq.cli import main
+
+    s = control_stack(["1", "2", "3"], workers=2)
+    (s.repo / "digits" / "3" / "model.onnx").write_bytes(b"corrupt")
+    s.wait_ready("digits")
+    load = {"parameters": {"weights": {"1": 90, "2": 10}}}
+    assert admin(s, "/v2/repository/models/digits/load", load).status_code == 200
+    assert (
+        admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "3"}}).status_code
+        == 400
+    )
+    flags = ["--redis", redis_url, "--namespace", namespace]
+
+    assert main(["models", "list", *flags], environ={}) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == [
+        "MODEL",
+        "VERSIONS",
+        "TRAFFIC",
+        "WORKERS",
+        "POLICY",
+        "STATE",
+    ]
+    row = table.splitlines()[1]
+    assert row.startswith("digits") and "1,2" in row and "1: 90%, 2: 10%" in row
+    assert "READY (last load failed)" in row
+
+    assert main(["models", "status", "digits", *flags], environ={}) == 0
+    status = capsys.readouterr().out
+    for w in s.workers:
+        line = next(x for x in status.splitlines() if w.worker.id in x)
+        assert "1,2" in line and "FAILED" in line
+    assert main(["models", "status", "--json", *flags], environ={}) == 0
+    [doc] = json.loads(capsys.readouterr().out)
+    assert doc["traffic"] == {"1": 0.9, "2": 0.1} and doc["policy"] == "admin"
+    assert {w["worker"] for w in doc["workers"]} == {w.worker.id for w in s.workers}
+    assert all(not w["ok"] and w["error"] for w in doc["workers"])
+
+    assert main(["models", "status", "nosuch", *flags], environ={}) == 1
+    assert "unknown model 'nosuch'" in capsys.readouterr().err

@@ -185,29 +185,37 @@ def render_status(views: Sequence[ModelView]) -> str:
     return "\n".join(out) + "\n"
 
 
-def add_actions(actions: Any) -> None:
-    """``list`` and ``status`` under ``inferq models`` (``actions`` from add_subparsers)."""
-    ls = actions.add_parser("list", help="each model: versions, traffic split, workers")
-    ls.add_argument("--json", action="store_true", help="machine-readable output")
+def add_actions(actions: Any, environ: Mapping[str, str]) -> None:
+    """``list`` and ``status`` under ``inferq models`` (``actions`` from its add_subparsers)."""
+    ls = actions.add_parser(
+        "list",
+        help="each model: versions, traffic split, live workers",
+        description="Each model as the gateways route it: its versions, the traffic split, "
+        "whether an administrator's policy or the repository config set it, live workers.",
+    )
     st = actions.add_parser(
-        "status", help="per model, which workers serve which versions, and load errors"
+        "status",
+        help="per model, which workers serve which versions, and load errors",
+        description="Per model: each live worker's versions, the last change it applied and "
+        "the error if that change failed.",
     )
     st.add_argument("models", nargs="*", help="only these models (default: all)")
-    st.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def add_connection_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    parser.add_argument(
-        "--redis",
-        dest="redis_url",
-        default=environ.get("INFERQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        help="Redis URL [env INFERQ_REDIS_URL]",
-    )
-    parser.add_argument(
-        "--namespace",
-        default=environ.get("INFERQ_NAMESPACE", "inferq"),
-        help="key prefix [env INFERQ_NAMESPACE]",
-    )
+    ls.set_defaults(models_view="list")
+    st.set_defaults(models_view="status")
+    for parser in (ls, st):
+        parser.add_argument(
+            "--redis",
+            dest="redis_url",
+            default=environ.get("INFERQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
+            help="Redis URL [env INFERQ_REDIS_URL]",
+        )
+        parser.add_argument(
+            "--namespace",
+            default=environ.get("INFERQ_NAMESPACE", "inferq"),
+            help="key prefix [env INFERQ_NAMESPACE]",
+        )
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+        parser.set_defaults(models_run=run)
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
@@ -234,5 +242,5 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     elif not views:
         print(f"inferq models: no models known in namespace '{args.namespace}'", file=sys.stderr)
     else:
-        out.write(render_list(views) if args.action == "list" else render_status(views))
+        out.write(render_list(views) if args.models_view == "list" else render_status(views))
     return EXIT_OK
