@@ -153,7 +153,12 @@ class ModelControl:
         try:
             # No versions: as the repository config says (it may name a new version now).
             config = load_config(self._repository, model.name, policy if policy.versions else None)
-            have = {*model.backends, *model.standby}
+            # Standby versions of an earlier change that never finished (its gateway died) and
+            # that this one does not want: unload them now rather than hold them forever.
+            for stale in model.discard_standby(keep=set(config.versions)):
+                await asyncio.to_thread(stale.unload)
+            # A retiring version brought back (a quick rollback) is reused, not loaded again.
+            have = {*model.backends, *model.standby, *model.retiring}
             for version in config.versions:
                 if version not in have:
                     loaded[version] = await asyncio.to_thread(model.load_version, config, version)

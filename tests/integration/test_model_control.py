@@ -394,16 +394,10 @@ def test_inferq_models_shows_versions_traffic_and_each_workers_state(
     flags = ["--redis", redis_url, "--namespace", namespace]
 
     assert main(["models", "list", *flags], environ={}) == 0
-    table = capsys.readouterr().out
-    assert table.splitlines()[0].split() == [
-        "MODEL",
-        "VERSIONS",
-        "TRAFFIC",
-        "WORKERS",
-        "POLICY",
-        "STATE",
-    ]
-    row = table.splitlines()[1]
+    lines = capsys.readouterr().out.splitlines()  # worker threads log to stdout too
+    header = next(i for i, line in enumerate(lines) if line.startswith("MODEL"))
+    assert lines[header].split() == ["MODEL", "VERSIONS", "TRAFFIC", "WORKERS", "POLICY", "STATE"]
+    row = lines[header + 1]
     assert row.startswith("digits") and "1,2" in row and "1: 90%, 2: 10%" in row
     assert "READY (last load failed)" in row
 
@@ -413,10 +407,29 @@ def test_inferq_models_shows_versions_traffic_and_each_workers_state(
         line = next(x for x in status.splitlines() if w.worker.id in x)
         assert "1,2" in line and "FAILED" in line
     assert main(["models", "status", "--json", *flags], environ={}) == 0
-    [doc] = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    [doc] = json.loads(out[out.index("[\n") :])
     assert doc["traffic"] == {"1": 0.9, "2": 0.1} and doc["policy"] == "admin"
     assert {w["worker"] for w in doc["workers"]} == {w.worker.id for w in s.workers}
     assert all(not w["ok"] and w["error"] for w in doc["workers"])
 
     assert main(["models", "status", "nosuch", *flags], environ={}) == 1
     assert "unknown model 'nosuch'" in capsys.readouterr().err
+
+
+def test_a_quick_rollback_reuses_the_retiring_version(control_stack):
+    s = control_stack(["1", "2"], workers=1)
+    s.add_worker(("digits",), retire_after_s=60.0)  # one worker that keeps v1 retiring a while
+    s.wait_ready("digits")
+    slow = s.workers[-1].worker.slots["digits"].model
+    v1 = slow.backends["1"]
+    assert (
+        admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "2"}}).status_code
+        == 200
+    )
+    wait_until(lambda: "1" in slow.retiring, what="v1 retiring")
+    back = admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "1"}})
+    assert back.status_code == 200, back.text
+    wait_until(lambda: list(slow.backends) == ["1"], what="v1 served again")
+    assert slow.backends["1"] is v1  # not loaded a second time
+    assert s.infer("digits", digits_body(0)).json()["model_version"] == "1"
