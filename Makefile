@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench-core model clean
+.PHONY: run test lint bench-core bench-minilm examples model clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
@@ -37,6 +37,14 @@ lint: $(VENV)/.dev
 ## bench-core: the issue #2 benchmark (digits through inferq up vs in-process)
 bench-core: $(VENV)/.dev
 	$(BIN)/python bench/core.py $(ARGS)
+
+## bench-minilm: minilm sentence embeddings through inferq up vs the same ONNX session in-process
+bench-minilm: $(VENV)/.dev
+	$(BIN)/python bench/minilm.py $(ARGS)
+
+## examples: build the example models that are not in git (minilm, digits-pt) into models/
+examples: $(VENV)/.dev
+	$(BIN)/inferq models build-examples
 
 ## model: retrain and re-export the digits example model
 model: $(VENV)/.dev

@@ -2,7 +2,9 @@
 
 Rows of all requests are concatenated along the batch axis, the model runs once, and each output
 is split back per request. A model that returns a different number of rows than it was given
-fails the whole batch with a clear error instead of handing rows to the wrong callers.
+fails the whole batch with a clear error instead of handing rows to the wrong callers. A row the
+backend rejects as invalid input (``InvalidInput``, e.g. text that is not UTF-8) fails only its
+own request, as a client error, and the rest of the batch runs again without it.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from consumer.backends import Backend, create_backend
+from consumer.backends import Backend, InvalidInput, create_backend
 from consumer.repository import ModelConfig
+from consumer.warmup import warm_up
 from protocol.messages import InferRequest, InferResult, Status, Timings
 from protocol.registry import ModelMetadata
 from protocol.tensor import Tensor
@@ -82,6 +85,11 @@ class ServedModel:
         the versions already installed keep serving."""
         backend = create_backend(config, version, device=self.device)
         backend.load()
+        try:
+            warm_up(config, version, backend)
+        except Exception:
+            backend.unload()
+            raise
         return backend
 
     def stage(self, version: str, backend: Backend) -> None:
@@ -110,21 +118,17 @@ class ServedModel:
         self._output_types = {o.name: o.datatype for o in config.outputs}
         self.backends = backends
 
-    def discard_standby(self) -> list[Backend]:
-        """Versions staged for a change that was aborted: the caller unloads them."""
-        dropped = list(self.standby.values())
-        self.standby.clear()
-        return dropped
+    def discard_standby(self, keep: set[str] | None = None) -> list[Backend]:
+        """Versions staged for a change that was aborted (all but ``keep``): the caller
+        unloads them."""
+        dropped = [v for v in self.standby if v not in (keep or set())]
+        return [self.standby.pop(v) for v in dropped]
 
     def take_retiring(self, versions: set[str]) -> list[Backend]:
         return [self.retiring.pop(v) for v in list(self.retiring) if v in versions]
 
     def backend_for(self, version: str) -> Backend | None:
-        return (
-            self.backends.get(version)
-            or self.standby.get(version)
-            or self.retiring.get(version)
-        )
+        return self.backends.get(version) or self.standby.get(version) or self.retiring.get(version)
 
     def unload(self) -> None:
         for backend in (*self.backends.values(), *self.standby.values(), *self.retiring.values()):
@@ -163,6 +167,9 @@ class ServedModel:
         started = time.perf_counter()
         try:
             outputs = backend.predict(inputs)
+        except InvalidInput as e:
+            elapsed = time.perf_counter() - started
+            return self._reject_row(requests, counts, e, worker, elapsed)
         except Exception as e:  # a model can raise anything; the batch must still be answered
             elapsed = time.perf_counter() - started
             failed = self._fail_all(requests, worker, f"model '{self.name}' failed: {e}", elapsed)
@@ -202,6 +209,40 @@ class ServedModel:
                 )
             )
         return BatchOutcome(results, elapsed)
+
+    def _reject_row(
+        self,
+        requests: Sequence[InferRequest],
+        counts: Sequence[int],
+        error: InvalidInput,
+        worker: str,
+        elapsed: float,
+    ) -> BatchOutcome:
+        """Answer the request that holds the invalid row as invalid (a client error), and run
+        the rest of the batch again without it."""
+        k, row = 0, error.row
+        while k < len(counts) - 1 and row >= counts[k]:
+            row -= counts[k]
+            k += 1
+        bad = requests[k]
+        timings = Timings(infer_ms=elapsed * 1000, batch_size=len(requests))
+        invalid = InferResult(
+            bad.id,
+            Status.INVALID,
+            self.name,
+            bad.version,
+            error=f"{error} (row {row})",
+            worker=worker,
+            timings=timings,
+        )
+        rest = [*requests[:k], *requests[k + 1 :]]
+        if not rest:
+            return BatchOutcome([invalid], elapsed)
+        outcome = self._run_once(rest, worker)
+        results = outcome.results
+        return BatchOutcome(
+            [*results[:k], invalid, *results[k:]], elapsed + outcome.infer_s, outcome.model_failed
+        )
 
     def _fail_all(
         self, requests: Sequence[InferRequest], worker: str, message: str, elapsed: float

@@ -53,6 +53,38 @@ class SimulatedLatency:
 
 
 @dataclass(frozen=True)
+class TokenizeStage:
+    """``[preprocess] kind = "tokenize"``: UTF-8 text in one BYTES input becomes the integer
+    token tensors a transformer graph takes, each batch padded to its own longest sequence."""
+
+    input: str
+    """The public BYTES input that holds one text per row."""
+    tokenizer: str = "tokenizer.json"
+    """A Hugging Face ``tokenizers`` file, inside each version folder."""
+    max_length: int = 256
+    """Longer texts are truncated to this many tokens (special tokens included)."""
+    outputs: tuple[str, ...] = ("input_ids", "attention_mask")
+    """The INT64 ``[batch, sequence]`` tensors handed to the model, in call order."""
+    bucket_rows: int = 0
+    """Batches of more rows run as length-sorted sub-batches of this many (0: never split)."""
+
+    def output_specs(self) -> tuple[TensorSpec, ...]:
+        return tuple(TensorSpec(n, "INT64", (-1, -1)) for n in self.outputs)
+
+
+@dataclass(frozen=True)
+class Warmup:
+    """``[warmup]``: model calls made after a version loads, before it serves."""
+
+    batch_sizes: tuple[int, ...] = (1,)
+    """One call per entry, of that many rows (``[]``: no warm-up; simulated models default to
+    none)."""
+    texts: tuple[str, ...] = ()
+    """Sample rows for BYTES inputs (cycled to fill a batch); without them a model with a BYTES
+    input is not warmed up. Other inputs get zeros."""
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     name: str
     root: Path
@@ -71,6 +103,9 @@ class ModelConfig:
     cache_ttl_s: int = 300
     intra_op_threads: int = 1
     simulated: SimulatedLatency = field(default_factory=SimulatedLatency)
+    preprocess: TokenizeStage | None = None
+    """A pre-processing stage run on the worker between the request and the backend."""
+    warmup: Warmup = field(default_factory=Warmup)
 
     def version_path(self, version: str) -> Path:
         return self.root / version
@@ -270,6 +305,8 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
                 float(sim.get("crash_value", (int, float))) if "crash_value" in sim.table else None
             ),
         ),
+        preprocess=_preprocess(f),
+        warmup=_warmup(f, backend),
     )
     if config.flush_ms < 0 or not math.isfinite(config.flush_ms):
         raise f.fail("flush_ms", f"must be a finite number, not negative, got {config.flush_ms!r}")
@@ -278,15 +315,71 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
         if file is not None:
             if not file.is_file():
                 wanted = " or ".join(BACKENDS[backend])
-                raise RepositoryError(
-                    f"model '{name}' version {v}: missing {file.parent / wanted}"
-                    + (" (inferq models build-examples builds it)" if name in EXAMPLES else "")
-                )
+                raise RepositoryError(f"model '{name}' version {v}: missing {file.parent / wanted}")
             if not _inside(repo, file):
                 raise RepositoryError(f"{file}: model file points outside the repository")
         if config.preprocess is not None:
-            _check_version_file(f, repo, config, v, "preprocess.tokenizer")
+            _check_tokenizer(f, repo, config, v)
     return config
+
+
+def _preprocess(f: _Fields) -> TokenizeStage | None:
+    if "preprocess" not in f.table:
+        return None
+    p = f.sub("preprocess")
+    kind = p.get("kind", str)
+    if kind != TOKENIZE:
+        raise p.fail("kind", f"must be {TOKENIZE!r}, got {kind!r}")
+    inputs = _specs(f, "inputs")
+    text = [s.name for s in inputs if s.datatype == "BYTES"]
+    name = p.get("input", str, text[0] if len(text) == 1 else "")
+    if len(inputs) != 1 or name != inputs[0].name or inputs[0].datatype != "BYTES":
+        raise p.fail("input", "must name the model's one input, of datatype BYTES")
+    tokenizer = p.get("tokenizer", str, "tokenizer.json")
+    if not tokenizer or Path(tokenizer).is_absolute() or ".." in Path(tokenizer).parts:
+        raise p.fail(
+            "tokenizer", f"must be a file name inside the version folder, got {tokenizer!r}"
+        )
+    outputs = p.get("outputs", list, ["input_ids", "attention_mask"])
+    if (
+        not outputs
+        or any(o not in TOKENIZE_OUTPUTS for o in outputs)
+        or len(set(outputs)) != len(outputs)
+    ):
+        raise p.fail("outputs", f"must list distinct names from {', '.join(TOKENIZE_OUTPUTS)}")
+    bucket_rows = p.get("bucket_rows", int, 0)
+    if bucket_rows < 0:
+        raise p.fail("bucket_rows", f"must not be negative, got {bucket_rows!r}")
+    return TokenizeStage(
+        input=name,
+        tokenizer=tokenizer,
+        max_length=p.positive("max_length", int, 256),
+        outputs=tuple(outputs),
+        bucket_rows=bucket_rows,
+    )
+
+
+def _warmup(f: _Fields, backend: str) -> Warmup:
+    w = f.sub("warmup")
+    # A simulated model only sleeps: warming it proves nothing, and one with a failure rate
+    # would fail its warm-up. Real backends get one 1-row call unless the config says otherwise.
+    sizes = w.get("batch_sizes", list, [] if backend == "simulated" else [1])
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+        raise w.fail("batch_sizes", "must be a list of positive integers")
+    texts = w.get("texts", list, [])
+    if not all(isinstance(t, str) for t in texts):
+        raise w.fail("texts", "must be a list of strings")
+    return Warmup(batch_sizes=tuple(sizes), texts=tuple(texts))
+
+
+def _check_tokenizer(f: _Fields, repo: Path, config: ModelConfig, version: str) -> None:
+    """The tokenizer file of a version: present, and inside the repository."""
+    assert config.preprocess is not None
+    path = config.version_path(version) / config.preprocess.tokenizer
+    if not path.is_file():
+        raise f.fail("preprocess.tokenizer", f"names {path}, which does not exist")
+    if not _inside(repo, path):
+        raise f.fail("preprocess.tokenizer", f"names {path}, which points outside the repository")
 
 
 def list_models(repo: Path) -> list[str]:

@@ -33,12 +33,13 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumer.advertiser import Advertiser
+from consumer.backends import BackendError
 from consumer.batcher import BatchPolicy, BatchQueue, Queued
 from consumer.control import ModelControl
 from consumer.metrics import MetricsServer, WorkerMetrics
 from consumer.model import ServedModel, batch_group, rows_of
 from consumer.reclaimer import Reclaimer
-from consumer.repository import list_models, load_config
+from consumer.repository import ModelConfig, RepositoryError, list_models, load_config
 from consumer.settings import WorkerSettings
 from consumer.writer import JobUpdate, Outgoing, ResultWriter
 from inferq.aio import cancelling
@@ -161,6 +162,8 @@ class Worker:
         self._control_reader: aioredis.Redis | None = None
         self.control: ModelControl | None = None
         self._started_ms = 0
+        self.skipped: dict[str, str] = {}
+        """Models of the repository not served, and why (serving the whole repository)."""
         self._writer: ResultWriter | None = None
         self._transition: AsyncScript | None = None
         self._advertiser: Advertiser | None = None
@@ -189,7 +192,12 @@ class Worker:
         if not names:
             raise RuntimeError(f"no models to serve in {s.model_repository}")
         # Check every config before touching Redis: a typo is reported as such, at once.
-        configs = {n: load_config(s.model_repository, n) for n in names}
+        configs: dict[str, ModelConfig] = {}
+        for n in names:
+            try:
+                configs[n] = load_config(s.model_repository, n)
+            except RepositoryError as e:
+                self._skip(n, e)
         self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
         self._reader = blocking_client(
             s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
@@ -213,17 +221,23 @@ class Worker:
         # Before loading: a model an administrator changed is served as committed, not as the
         # repository config says.
         policies = await self.control.committed_policies()
-        models = []
-        for n in names:
-            config = (
-                load_config(s.model_repository, n, policies[n]) if n in policies else configs[n]
+        for n, config in configs.items():
+            try:
+                if n in policies:
+                    config = load_config(s.model_repository, n, policies[n])
+                model = ServedModel(
+                    config, device=s.device, max_batch=s.max_batch, flush_ms=s.flush_ms
+                )
+                await asyncio.to_thread(model.load)
+            except (RepositoryError, BackendError, ImportError) as e:
+                self._skip(n, e)
+                continue
+            self.slots[model.name] = ModelSlot(model, self.keys)
+        if not self.slots:
+            raise RuntimeError(
+                f"none of the models in {s.model_repository} could be loaded: "
+                + "; ".join(f"{n}: {why}" for n, why in self.skipped.items())
             )
-            models.append(
-                ServedModel(config, device=s.device, max_batch=s.max_batch, flush_ms=s.flush_ms)
-            )
-        for m in models:
-            await asyncio.to_thread(m.load)
-            self.slots[m.name] = ModelSlot(m, self.keys)
         self.metrics.set_info(self.id)
         self.metrics.track_held(lambda: self.holding)
         if s.metrics_port:
@@ -310,6 +324,14 @@ class Worker:
             batches=self.stats.batches,
             requests=self.stats.requests,
         )
+
+    def _skip(self, name: str, error: Exception) -> None:
+        """A model of the repository that cannot be served. Named with ``--models``, that is
+        fatal; serving the whole repository, the worker serves the others and says why."""
+        if self.settings.models:
+            raise error
+        self.skipped[name] = str(error)
+        log.warning("model skipped: it cannot be loaded", model=name, error=str(error))
 
     def _info(self) -> WorkerInfo:
         return WorkerInfo(

@@ -295,12 +295,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _redis_flags(e)
     _worker_flags(e)
 
-    from inferq import dlq, lag
+    from inferq import dlq, lag, models_cli
     from loadgen import cli as loadgen_cli
 
     lag.add_parser(sub, environ)
     dlq.add_parser(sub, environ)
     loadgen_cli.add_parser(sub, environ)
+    models_cli.add_parser(sub, environ)
     return parser
 
 
@@ -418,6 +419,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from inferq import lag
 
         return lag.run(args)
+    if args.command == "models":
+        from inferq import models_cli
+
+        return models_cli.run(args)
     if args.command == "loadgen":
         from loadgen import cli as loadgen_cli
 

@@ -259,7 +259,7 @@ def document() -> dict[str, Any]:
                 },
             },
         }
-    admin = [{"adminToken": []}]
+    admin: list[dict[str, list[str]]] = [{"adminToken": []}]
     load_body = {
         "required": False,
         "content": {

@@ -63,6 +63,19 @@ def model_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return repo
 
 
+@pytest.fixture(scope="session")
+def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository with the minilm example built from the weights package (about 3 s: the
+    90 MB graph is written once per session, never into the source tree)."""
+    from inferq.examples import minilm
+
+    repo = tmp_path_factory.mktemp("minilm-repo")
+    (repo / "minilm").mkdir()
+    shutil.copy(REPO_ROOT / "models" / "minilm" / "config.toml", repo / "minilm" / "config.toml")
+    minilm.build(repo)
+    return repo
+
+
 @pytest.fixture
 def stack(redis_url: str, namespace: str, model_repo: Path) -> Iterator[Callable[..., Stack]]:
     """``stack(workers=2, **gateway_options)`` starts a gateway and workers; all stop at the end."""

@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from consumer.backends.base import Backend, BackendError
+from consumer.backends.base import Backend, BackendError, InvalidInput
 from consumer.repository import ModelConfig
 
 
 def create_backend(config: ModelConfig, version: str, *, device: str = "cpu") -> Backend:
-    """The backend named by the model's config, not yet loaded."""
+    """The backend named by the model's config, behind its pre-processing stage if it has one;
+    not yet loaded."""
+    backend = _create(config, version, device=device)
+    if config.preprocess is None:
+        return backend
+    from consumer.preprocess import Preprocessed
+
+    return Preprocessed(config, version, backend)
+
+
+def _create(config: ModelConfig, version: str, *, device: str) -> Backend:
     if config.backend == "onnx":
         from consumer.backends.onnx import OnnxBackend
 
         return OnnxBackend(config, version, device=device)
+    if config.backend == "pytorch":
+        from consumer.backends.pytorch import TorchBackend
+
+        return TorchBackend(config, version, device=device)
     if config.backend == "simulated":
         from consumer.backends.simulated import SimulatedBackend
 
@@ -19,4 +33,4 @@ def create_backend(config: ModelConfig, version: str, *, device: str = "cpu") ->
     raise BackendError(f"model '{config.name}': unknown backend {config.backend!r}")
 
 
-__all__ = ["Backend", "BackendError", "create_backend"]
+__all__ = ["Backend", "BackendError", "InvalidInput", "create_backend"]

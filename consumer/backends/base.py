@@ -19,9 +19,20 @@ class BackendError(Exception):
     """A model that cannot be loaded or run."""
 
 
+class InvalidInput(BackendError):
+    """One row of a batch is input the model cannot take (a client error, answered as such to
+    the request that holds the row, not to its whole batch)."""
+
+    def __init__(self, message: str, row: int) -> None:
+        super().__init__(message)
+        self.row = row
+        """The row's index in the batch the backend was given."""
+
+
 class Backend(Protocol):
     def load(self) -> None:
-        """Load weights and warm up; raise BackendError if the model cannot serve."""
+        """Load weights; raise BackendError if the model cannot serve. (Warm-up calls through the
+        whole path come after, from ``consumer.warmup``.)"""
 
     def predict(self, inputs: Arrays) -> Arrays:
         """Run one batch: every input has the batch dimension first; so must every output."""

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import onnxruntime as ort
 
 from consumer.backends.base import Arrays, BackendError
 from consumer.repository import ModelConfig
-from protocol.tensor import DTYPES
 
 _ORT_TYPES = {
     "tensor(float)": "FP32",
@@ -65,10 +63,12 @@ class OnnxBackend:
             raise BackendError(f"model '{self.config.name}' version {self.version}: {e}") from e
         self._check_signature(session)
         self._session = session
-        self._warm_up()
 
     def _check_signature(self, session: ort.InferenceSession) -> None:
-        declared = {s.name: s for s in (*self.config.inputs, *self.config.outputs)}
+        """The graph against what it will be given: the public inputs, or the pre-processing
+        stage's outputs when the model has one."""
+        inputs = self.config.backend_inputs()
+        declared = {s.name: s for s in (*inputs, *self.config.outputs)}
         for arg in (*session.get_inputs(), *session.get_outputs()):
             spec = declared.get(arg.name)
             if spec is None:
@@ -81,22 +81,19 @@ class OnnxBackend:
                 )
         graph_inputs = {i.name for i in session.get_inputs()}
         graph_outputs = {o.name for o in session.get_outputs()}
-        missing = [s.name for s in self.config.inputs if s.name not in graph_inputs]
+        missing = [s.name for s in inputs if s.name not in graph_inputs]
         missing += [s.name for s in self.config.outputs if s.name not in graph_outputs]
         if missing:
             raise BackendError(
                 f"model '{self.config.name}' version {self.version}: the ONNX graph has no "
                 f"tensor named {', '.join(missing)}"
             )
-
-    def _warm_up(self) -> None:
-        inputs: Arrays = {}
-        for spec in self.config.inputs:
-            if spec.datatype == "BYTES":
-                return  # no neutral value for text; the first request warms it
-            shape = (1, *(d if d > 0 else 1 for d in spec.shape[1:]))
-            inputs[spec.name] = np.zeros(shape, dtype=DTYPES[spec.datatype])
-        self.predict(inputs)
+        unfed = sorted(graph_inputs - {s.name for s in inputs})
+        if unfed:
+            raise BackendError(
+                f"model '{self.config.name}' version {self.version}: the ONNX graph takes "
+                f"{', '.join(unfed)}, which the config does not provide"
+            )
 
     def predict(self, inputs: Arrays) -> Arrays:
         if self._session is None:

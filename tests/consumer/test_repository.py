@@ -12,6 +12,7 @@ from consumer.repository import (
     ModelConfig,
     RepositoryError,
     SimulatedLatency,
+    Warmup,
     list_models,
     load_config,
 )
@@ -111,6 +112,7 @@ def test_a_minimal_config_takes_the_defaults(tmp_path: Path) -> None:
         inputs=(TensorSpec("x", "FP32", (-1, 4)),),
         outputs=(TensorSpec("y", "INT64", (-1,)),),
         versions=("1",),
+        warmup=Warmup(batch_sizes=()),  # a simulated model only sleeps: nothing to warm
     )
     assert config.max_batch == 32
     assert config.flush_ms == 2.0

@@ -69,3 +69,38 @@ def test_stopping_a_worker_finishes_and_answers_what_it_holds(stack):
         wait_until(lambda: worker.worker.holding == 3, what="the worker to hold all three")
         worker.stop()  # returns once everything it held is answered and acknowledged
         assert [f.result().status_code for f in pending] == [200, 200, 200]
+
+
+def test_serving_the_whole_repository_skips_a_model_that_cannot_load(
+    redis_url, namespace, tmp_path
+):
+    """An example model not built yet (no version folder) must not keep the others down; a
+    model named with --models that cannot load is still fatal."""
+    import asyncio
+    import shutil
+
+    import pytest
+
+    from consumer.repository import RepositoryError
+    from consumer.settings import WorkerSettings
+    from consumer.worker import Worker
+    from inferq.connections import RedisSettings
+    from tests.conftest import DIGITS
+    from tests.support import Stack
+
+    repo = tmp_path / "repo"
+    shutil.copytree(DIGITS, repo / "digits")
+    (repo / "unbuilt").mkdir()
+    shutil.copy(DIGITS / "config.toml", repo / "unbuilt" / "config.toml")
+    started: list = []
+    s = Stack(redis_url, namespace, repo, started)
+    try:
+        worker = s.add_worker()
+        assert list(worker.worker.slots) == ["digits"]
+        assert "no version folders" in worker.worker.skipped["unbuilt"]
+        named = Worker(WorkerSettings(RedisSettings(redis_url), namespace, repo, ("unbuilt",)))
+        with pytest.raises(RepositoryError, match="no version folders"):
+            asyncio.run(named.start())
+    finally:
+        for thing in reversed(started):
+            thing.stop()

