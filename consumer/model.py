@@ -49,7 +49,8 @@ class ServedModel:
         flush_ms: float | None = None,
     ) -> None:
         self.config = config
-        self.device = device
+        self.device = config.device or device
+        """The config's device if it names one, else the worker's."""
         self.max_batch = max_batch or config.max_batch
         self.flush_s = (config.flush_ms if flush_ms is None else flush_ms) / 1000
         self.backends: dict[str, Backend] = {}

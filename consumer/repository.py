@@ -106,6 +106,9 @@ class ModelConfig:
     preprocess: TokenizeStage | None = None
     """A pre-processing stage run on the worker between the request and the backend."""
     warmup: Warmup = field(default_factory=Warmup)
+    device: str | None = None
+    """Where this model runs ("cpu" or "cuda"); None: wherever the worker's --device says. A
+    small model pinned to the CPU stays off the accelerator on a GPU worker."""
 
     def version_path(self, version: str) -> Path:
         return self.root / version
@@ -307,7 +310,10 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
         ),
         preprocess=_preprocess(f),
         warmup=_warmup(f, backend),
+        device=f.get("device", str, None),
     )
+    if config.device not in (None, "cpu", "cuda"):
+        raise f.fail("device", f'must be "cpu" or "cuda", got {config.device!r}')
     if config.flush_ms < 0 or not math.isfinite(config.flush_ms):
         raise f.fail("flush_ms", f"must be a finite number, not negative, got {config.flush_ms!r}")
     for v in config.versions:

@@ -526,3 +526,14 @@ def test_a_committed_policy_overrides_the_config(tmp_path: Path) -> None:
     assert load_config(tmp_path, "m", VersionPolicy((), {}, 6)).versions == ()
     with pytest.raises(RepositoryError, match="no version folder for 9"):
         load_config(tmp_path, "m", VersionPolicy(("9",), {}, 7))
+
+
+def test_a_config_may_pin_its_model_to_a_device(tmp_path: Path) -> None:
+    from consumer.model import ServedModel
+
+    make_model(tmp_path, "pinned", config='device = "cpu"\n' + SIMULATED)
+    make_model(tmp_path, "free")
+    assert ServedModel(load_config(tmp_path, "pinned"), device="cuda").device == "cpu"
+    assert ServedModel(load_config(tmp_path, "free"), device="cuda").device == "cuda"
+    make_model(tmp_path, "bad", config='device = "tpu"\n' + SIMULATED)
+    assert "field 'device' must be" in rejected(tmp_path, "bad")
