@@ -26,6 +26,7 @@ run: $(VENV)/.run
 ## test: lint, then the whole test suite (it starts its own redis-server)
 test: $(VENV)/.dev
 	./scripts/ensure-redis
+	./scripts/ensure-promtool
 	$(BIN)/ruff check .
 	$(BIN)/pytest $(ARGS)
 
