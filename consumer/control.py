@@ -24,6 +24,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from consumer.backends import Backend
+from consumer.batcher import BatchPolicy
 from consumer.repository import ModelConfig, load_config
 from inferq.aio import cancelling
 from protocol import ProtocolError
@@ -237,6 +238,7 @@ class ModelControl:
                 )
                 return
         model.install(config)
+        slot.policy = BatchPolicy(model.max_batch, model.flush_s)
         self._generation[model.name] = policy.generation
         await self._republish()
         await self._report(

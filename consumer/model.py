@@ -51,6 +51,8 @@ class ServedModel:
         self.config = config
         self.device = config.device or device
         """The config's device if it names one, else the worker's."""
+        self._max_batch_override = max_batch
+        self._flush_ms_override = flush_ms
         self.max_batch = max_batch or config.max_batch
         self.flush_s = (config.flush_ms if flush_ms is None else flush_ms) / 1000
         self.backends: dict[str, Backend] = {}
@@ -117,6 +119,10 @@ class ServedModel:
         # Whole-dict assignments: a batch on the model's thread sees the old set or the new one.
         self.config = config
         self._output_types = {o.name: o.datatype for o in config.outputs}
+        # A reload may change batching; the worker's --max-batch / --flush-ms still win.
+        self.max_batch = self._max_batch_override or config.max_batch
+        flush_ms = config.flush_ms if self._flush_ms_override is None else self._flush_ms_override
+        self.flush_s = flush_ms / 1000
         self.backends = backends
 
     def discard_standby(self, keep: set[str] | None = None) -> list[Backend]:

@@ -433,3 +433,18 @@ def test_a_quick_rollback_reuses_the_retiring_version(control_stack):
     wait_until(lambda: list(slow.backends) == ["1"], what="v1 served again")
     assert slow.backends["1"] is v1  # not loaded a second time
     assert s.infer("digits", digits_body(0)).json()["model_version"] == "1"
+
+
+def test_a_reload_applies_the_configs_new_batching(control_stack):
+    s = control_stack(["1"], workers=1, policy="latest = 1")
+    s.wait_ready("digits")
+    config = s.repo / "digits" / "config.toml"
+    config.write_text(config.read_text().replace("max_batch = 64", "max_batch = 16"))
+    assert admin(s, "/v2/repository/models/digits/load").status_code == 200
+    slot = s.workers[0].worker.slots["digits"]
+    assert slot.model.max_batch == 16 and slot.policy.max_batch == 16
+    with s.client() as c:
+        wait_until(
+            lambda: c.get("/v2/models/digits").json()["parameters"]["max_batch_size"] == 16,
+            what="the new max_batch advertised",
+        )
