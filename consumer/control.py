@@ -32,6 +32,7 @@ from protocol.control import COMMAND_FIELD, Command, LoadReport, Op, VersionPoli
 from protocol.keys import Keys
 
 if TYPE_CHECKING:
+    from consumer.model import ServedModel
     from consumer.worker import ModelSlot
 
 log = structlog.get_logger("inferq.worker")
@@ -92,17 +93,7 @@ class ModelControl:
         """The model-status line of every model at start, so ``inferq models status`` shows it."""
         for slot in self._slots.values():
             model = slot.model
-            await self._report(
-                LoadReport(
-                    self.worker_id,
-                    model.name,
-                    self._generation.get(model.name, 0),
-                    True,
-                    tuple(model.backends),
-                    updated_ms=self._now_ms(),
-                ),
-                reply_to="",
-            )
+            await self._report(self._line(model, self._generation.get(model.name, 0)), "")
 
     async def run(self) -> None:
         backoff = 0.05
@@ -173,16 +164,8 @@ class ModelControl:
                 versions=policy.versions,
                 error=error,
             )
-            report = LoadReport(
-                self.worker_id,
-                model.name,
-                policy.generation,
-                False,
-                tuple(model.backends),
-                error=error,
-                load_ms=(time.perf_counter() - started) * 1000,
-                updated_ms=self._now_ms(),
-            )
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            report = self._line(model, policy.generation, error=error, load_ms=elapsed_ms)
             await self._report(report, command.reply_to)
             return
         for version, backend in loaded.items():
@@ -224,34 +207,13 @@ class ModelControl:
                         )
             except Exception as e:
                 log.error("cannot serve the committed policy", model=model.name, error=str(e))
-                await self._report(
-                    LoadReport(
-                        self.worker_id,
-                        model.name,
-                        policy.generation,
-                        False,
-                        tuple(model.backends),
-                        error=str(e),
-                        updated_ms=self._now_ms(),
-                    ),
-                    "",
-                )
+                await self._report(self._line(model, policy.generation, error=str(e)), "")
                 return
         model.install(config)
         slot.policy = BatchPolicy(model.max_batch, model.flush_s)
         self._generation[model.name] = policy.generation
         await self._republish()
-        await self._report(
-            LoadReport(
-                self.worker_id,
-                model.name,
-                policy.generation,
-                True,
-                tuple(model.backends),
-                updated_ms=self._now_ms(),
-            ),
-            "",
-        )
+        await self._report(self._line(model, policy.generation), "")
         log.info(
             "model policy committed",
             model=model.name,
@@ -286,6 +248,22 @@ class ModelControl:
             await asyncio.to_thread(backend.unload)
         log.info(
             "retired model versions unloaded", model=slot.model.name, versions=sorted(versions)
+        )
+
+    def _line(
+        self, model: ServedModel, generation: int, *, error: str = "", load_ms: float = 0.0
+    ) -> LoadReport:
+        """This worker's status line for the model: what it serves now, and the error of the
+        change it could not make, if any."""
+        return LoadReport(
+            self.worker_id,
+            model.name,
+            generation,
+            not error,
+            tuple(model.backends),
+            error=error,
+            load_ms=load_ms,
+            updated_ms=self._now_ms(),
         )
 
     async def _report(self, report: LoadReport, reply_to: str) -> None:

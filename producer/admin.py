@@ -205,16 +205,7 @@ class ModelAdmin:
             except Conflict:
                 await self._send(Command(Op.ABORT, model, wanted))
                 raise
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.hset(self.keys.policies, model, policy.encode())
-            pipe.xadd(
-                self.keys.control,
-                {COMMAND_FIELD: Command(Op.COMMIT, model, policy).encode()},
-                maxlen=CONTROL_MAXLEN,
-                approximate=True,
-            )
-            await pipe.execute()
-            self.registry.apply_policy(model, policy)
+            await self._commit(model, policy)
         log.info("model loaded", model=model, versions=policy.versions, weights=policy.weights)
         return self._answer(model, policy, reports)
 
@@ -243,16 +234,7 @@ class ModelAdmin:
                 if not any(weights.values()):
                     weights = {}
             policy = VersionPolicy(versions, weights, generation)
-            pipe = self.redis.pipeline(transaction=True)
-            pipe.hset(self.keys.policies, model, policy.encode())
-            pipe.xadd(
-                self.keys.control,
-                {COMMAND_FIELD: Command(Op.COMMIT, model, policy).encode()},
-                maxlen=CONTROL_MAXLEN,
-                approximate=True,
-            )
-            await pipe.execute()
-            self.registry.apply_policy(model, policy)
+            await self._commit(model, policy)
         log.info("model unloaded", model=model, versions_left=versions)
         return self._answer(model, policy, {})
 
@@ -287,6 +269,19 @@ class ModelAdmin:
     def _locked(self, model: str) -> _ModelLock:
         ttl_s = self.settings.admin_load_timeout_s + 30
         return _ModelLock(self.redis, self.keys.model_lock(model), model, ttl_s)
+
+    async def _commit(self, model: str, policy: VersionPolicy) -> None:
+        """Store the policy and tell every worker, atomically; route by it here at once."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.keys.policies, model, policy.encode())
+        pipe.xadd(
+            self.keys.control,
+            {COMMAND_FIELD: Command(Op.COMMIT, model, policy).encode()},
+            maxlen=CONTROL_MAXLEN,
+            approximate=True,
+        )
+        await pipe.execute()
+        self.registry.apply_policy(model, policy)
 
     async def _send(self, command: Command) -> None:
         await self.redis.xadd(

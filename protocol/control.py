@@ -21,12 +21,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any
 
-import msgpack
-
-from protocol import PROTOCOL_VERSION
-from protocol.errors import ProtocolError, VersionMismatch
+from protocol.envelope import pack, unpack
+from protocol.errors import ProtocolError
 from protocol.keys import is_valid_name
 
 COMMAND_FIELD = b"c"
@@ -115,11 +113,11 @@ class VersionPolicy:
         )
 
     def encode(self) -> bytes:
-        return _pack(self.wire())
+        return pack(self.wire())
 
     @classmethod
     def decode(cls, raw: bytes) -> VersionPolicy:
-        return cls.from_wire(_unpack(raw, "version policy", 4)[1:])
+        return cls.from_wire(unpack(raw, "version policy", 3))
 
 
 class Op(StrEnum):
@@ -142,12 +140,11 @@ class Command:
     """List key workers push their ``LoadReport`` onto (PREPARE only)."""
 
     def encode(self) -> bytes:
-        return _pack([self.op.value, self.model, self.policy.wire(), self.reply_to])
+        return pack([self.op.value, self.model, self.policy.wire(), self.reply_to])
 
     @classmethod
     def decode(cls, raw: bytes) -> Command:
-        items = _unpack(raw, "control command", 5)
-        _, op, model, policy, reply_to = items
+        op, model, policy, reply_to = unpack(raw, "control command", 4)
         try:
             parsed_op = Op(op)
         except ValueError:
@@ -177,7 +174,7 @@ class LoadReport:
     """The traffic weights of the config it loaded (a load by the repository config)."""
 
     def encode(self) -> bytes:
-        return _pack(
+        return pack(
             [
                 self.worker,
                 self.model,
@@ -193,8 +190,8 @@ class LoadReport:
 
     @classmethod
     def decode(cls, raw: bytes) -> LoadReport:
-        items = _unpack(raw, "load report", 10)
-        _, worker, model, generation, ok, versions, error, load_ms, updated, weights = items
+        fields = unpack(raw, "load report", 9)
+        worker, model, generation, ok, versions, error, load_ms, updated, weights = fields
         if not isinstance(worker, str) or not isinstance(model, str):
             raise ProtocolError("load report: worker and model must be strings")
         if not _is_int(generation) or not isinstance(ok, bool) or not isinstance(error, str):
@@ -214,24 +211,6 @@ class LoadReport:
             updated,
             check_weights(weights, what="load report weights") if weights else {},
         )
-
-
-def _pack(items: list[Any]) -> bytes:
-    return cast(bytes, msgpack.packb([PROTOCOL_VERSION, *items], use_bin_type=True))
-
-
-def _unpack(raw: bytes, what: str, length: int) -> list[Any]:
-    try:
-        items = msgpack.unpackb(raw, raw=False)
-    except Exception as e:
-        raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
-    if not isinstance(items, list) or not items:
-        raise ProtocolError(f"{what} is not a msgpack array")
-    if type(items[0]) is not int or items[0] != PROTOCOL_VERSION:
-        raise VersionMismatch(items[0], PROTOCOL_VERSION)
-    if len(items) != length:
-        raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {length - 1}")
-    return items
 
 
 def _is_int(value: Any) -> bool:

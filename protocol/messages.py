@@ -10,12 +10,10 @@ from __future__ import annotations
 import reprlib
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, cast
+from typing import Any
 
-import msgpack
-
-from protocol import PROTOCOL_VERSION
-from protocol.errors import ProtocolError, VersionMismatch
+from protocol.envelope import pack, unpack
+from protocol.errors import ProtocolError
 from protocol.tensor import Tensor
 
 FIELD = b"m"
@@ -37,24 +35,6 @@ class Status(StrEnum):
     """The model rejected the input (a client error the gateway could not see)."""
     FAILED = "failed"
     """The model or the worker failed."""
-
-
-def _pack(fields: list[Any]) -> bytes:
-    return cast(bytes, msgpack.packb([PROTOCOL_VERSION, *fields], use_bin_type=True))
-
-
-def _unpack(raw: bytes, what: str, n_fields: int) -> list[Any]:
-    try:
-        items = msgpack.unpackb(raw, raw=False, strict_map_key=True)
-    except Exception as e:  # msgpack raises a zoo of types on garbage
-        raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
-    if not isinstance(items, list) or not items:
-        raise ProtocolError(f"{what} is not a msgpack array")
-    if type(items[0]) is not int or items[0] != PROTOCOL_VERSION:  # not True, not 1.0
-        raise VersionMismatch(items[0], PROTOCOL_VERSION)
-    if len(items) != n_fields + 1:
-        raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {n_fields}")
-    return items[1:]
 
 
 def _typed(value: Any, types: type | tuple[type, ...], what: str, name: str) -> Any:
@@ -108,7 +88,7 @@ class InferRequest:
     """W3C trace context, so logs on both sides join up."""
 
     def encode(self) -> bytes:
-        return _pack(
+        return pack(
             [
                 self.id,
                 self.model,
@@ -130,7 +110,7 @@ class InferRequest:
     @classmethod
     def decode(cls, raw: bytes) -> InferRequest:
         what = "inference request"
-        f = _unpack(raw, what, 14)
+        f = unpack(raw, what, 14)
         try:
             kind = Kind(f[10])
         except ValueError as e:
@@ -182,7 +162,7 @@ class InferResult:
 
     def encode(self) -> bytes:
         t = self.timings
-        return _pack(
+        return pack(
             [
                 self.id,
                 self.status.value,
@@ -198,7 +178,7 @@ class InferResult:
     @classmethod
     def decode(cls, raw: bytes) -> InferResult:
         what = "inference result"
-        f = _unpack(raw, what, 8)
+        f = unpack(raw, what, 8)
         try:
             status = Status(f[1])
         except ValueError as e:

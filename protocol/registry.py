@@ -8,13 +8,11 @@ many consumers serve each.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
-import msgpack
-
-from protocol import PROTOCOL_VERSION
 from protocol.control import check_weights
-from protocol.errors import ProtocolError, VersionMismatch
+from protocol.envelope import pack, unpack
+from protocol.errors import ProtocolError
 from protocol.tensor import DATATYPES
 
 
@@ -112,26 +110,11 @@ class ModelMetadata:
 
     def encode(self) -> bytes:
         """Standalone form, for the ``Keys.models`` hash of last-known metadata."""
-        return cast(bytes, msgpack.packb([PROTOCOL_VERSION, self.wire()], use_bin_type=True))
+        return pack([self.wire()])
 
     @classmethod
     def decode(cls, raw: bytes) -> ModelMetadata:
-        items = _unpack_versioned(raw, "model metadata")
-        if len(items) != 2:
-            raise ProtocolError("model metadata has the wrong number of fields")
-        return cls.from_wire(items[1])
-
-
-def _unpack_versioned(raw: bytes, what: str) -> list[Any]:
-    try:
-        items = msgpack.unpackb(raw, raw=False)
-    except Exception as e:
-        raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
-    if not isinstance(items, list) or not items:
-        raise ProtocolError(f"{what} is not a msgpack array")
-    if type(items[0]) is not int or items[0] != PROTOCOL_VERSION:  # not True, not 1.0
-        raise VersionMismatch(items[0], PROTOCOL_VERSION)
-    return items
+        return cls.from_wire(unpack(raw, "model metadata", 1)[0])
 
 
 def _is_int(value: Any) -> bool:
@@ -147,27 +130,13 @@ class WorkerInfo:
     models: tuple[ModelMetadata, ...]
 
     def encode(self) -> bytes:
-        return cast(
-            bytes,
-            msgpack.packb(
-                [
-                    PROTOCOL_VERSION,
-                    self.id,
-                    self.host,
-                    self.pid,
-                    self.started_ms,
-                    [m.wire() for m in self.models],
-                ],
-                use_bin_type=True,
-            ),
+        return pack(
+            [self.id, self.host, self.pid, self.started_ms, [m.wire() for m in self.models]]
         )
 
     @classmethod
     def decode(cls, raw: bytes) -> WorkerInfo:
-        items = _unpack_versioned(raw, "worker info")
-        if len(items) != 6:
-            raise ProtocolError("worker info has the wrong number of fields")
-        _, wid, host, pid, started, models = items
+        wid, host, pid, started, models = unpack(raw, "worker info", 5)
         if not isinstance(wid, str) or not isinstance(models, list):
             raise ProtocolError("worker info: invalid id or models")
         if not isinstance(host, str) or not _is_int(pid) or not _is_int(started):

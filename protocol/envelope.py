@@ -1,0 +1,34 @@
+"""The envelope of every msgpack message: an array whose first item is the protocol version.
+
+One packer and one checked unpacker for all of them, so every decoder rejects garbage, another
+protocol version and the wrong number of fields in the same words, with ``ProtocolError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import msgpack
+
+from protocol import PROTOCOL_VERSION
+from protocol.errors import ProtocolError, VersionMismatch
+
+
+def pack(fields: list[Any]) -> bytes:
+    return cast(bytes, msgpack.packb([PROTOCOL_VERSION, *fields], use_bin_type=True))
+
+
+def unpack(raw: bytes, what: str, n_fields: int) -> list[Any]:
+    """The fields after the version, checked: valid msgpack, this protocol version, and exactly
+    ``n_fields`` of them. Map keys must be strings (no hash-flooding with odd key types)."""
+    try:
+        items = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises a zoo of types on garbage
+        raise ProtocolError(f"{what} is not valid msgpack: {e}") from e
+    if not isinstance(items, list) or not items:
+        raise ProtocolError(f"{what} is not a msgpack array")
+    if type(items[0]) is not int or items[0] != PROTOCOL_VERSION:  # not True, not 1.0
+        raise VersionMismatch(items[0], PROTOCOL_VERSION)
+    if len(items) != n_fields + 1:
+        raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {n_fields}")
+    return items[1:]
