@@ -62,7 +62,9 @@ def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
     return default if raw is None or not raw.strip().isdigit() else int(raw)
 
 
-def _redis_flags(e: _Env) -> None:
+def connection_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """``--redis`` and ``--namespace``: every command that talks to Redis takes these two."""
+    e = _Env(parser, environ)
     e.add(
         "--redis",
         env="INFERQ_REDIS_URL",
@@ -76,6 +78,10 @@ def _redis_flags(e: _Env) -> None:
         default="inferq",
         help="prefix of every Redis key, so deployments can share one Redis",
     )
+
+
+def _redis_flags(e: _Env) -> None:
+    connection_flags(e.parser, e.environ)
     e.add(
         "--log-level",
         env="INFERQ_LOG_LEVEL",

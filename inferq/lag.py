@@ -564,7 +564,7 @@ def to_json(
 
 def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     """Add ``lag`` to ``inferq``'s subcommands (``subparsers`` from ``add_subparsers``)."""
-    from inferq.cli import DEFAULT_REDIS, _Env  # here: inferq.cli imports this module
+    from inferq.cli import connection_flags  # here: inferq.cli imports this module
 
     parser = subparsers.add_parser(
         "lag",
@@ -575,20 +575,7 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
         f"{EXIT_USAGE} usage, {EXIT_BACKLOG} a backlog above --fail-above, {EXIT_REDIS} Redis "
         "unreachable.",
     )
-    e = _Env(parser, environ)
-    e.add(
-        "--redis",
-        env="INFERQ_REDIS_URL",
-        default=DEFAULT_REDIS,
-        dest="redis_url",
-        help="Redis URL (redis:// or rediss:// for TLS; user:password@ for AUTH)",
-    )
-    e.add(
-        "--namespace",
-        env="INFERQ_NAMESPACE",
-        default="inferq",
-        help="prefix of every Redis key",
-    )
+    connection_flags(parser, environ)
     parser.add_argument(
         "--watch",
         type=positive_float,

@@ -202,18 +202,10 @@ def add_actions(actions: Any, environ: Mapping[str, str]) -> None:
     st.add_argument("models", nargs="*", help="only these models (default: all)")
     ls.set_defaults(models_view="list")
     st.set_defaults(models_view="status")
+    from inferq.cli import connection_flags  # here: inferq.cli imports this module
+
     for parser in (ls, st):
-        parser.add_argument(
-            "--redis",
-            dest="redis_url",
-            default=environ.get("INFERQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
-            help="Redis URL [env INFERQ_REDIS_URL]",
-        )
-        parser.add_argument(
-            "--namespace",
-            default=environ.get("INFERQ_NAMESPACE", "inferq"),
-            help="key prefix [env INFERQ_NAMESPACE]",
-        )
+        connection_flags(parser, environ)
         parser.add_argument("--json", action="store_true", help="machine-readable output")
         parser.set_defaults(models_run=run)
 
