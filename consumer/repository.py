@@ -251,7 +251,10 @@ def _versions(
         latest = policy.positive("latest", int, 1)
         versions = available[-latest:]
     if not versions and (override is None or override.loaded):
-        raise RepositoryError(f"{model_dir}: no version folders (expected e.g. {model_dir}/1/)")
+        raise RepositoryError(
+            f"{model_dir}: no version folders (expected e.g. {model_dir}/1/; the example models "
+            "that are not in git are built by `inferq models build-examples`)"
+        )
     for v in versions:
         if not _inside(repo, model_dir / v):
             raise RepositoryError(f"{model_dir / v}: version folder points outside the repository")
