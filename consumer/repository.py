@@ -49,6 +49,8 @@ class SimulatedLatency:
     failure_rate: float = 0.0
     seed: int = 0
     crash_value: float | None = None
+    load_ms: float = 0.0
+    """How long loading a version takes (a large model's load and warm-up, without the CPU)."""
     """An input value that makes the worker process exit at once (chaos tests)."""
 
 
@@ -305,6 +307,7 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
             base_ms=float(sim.get("base_ms", (int, float), 5.0)),
             per_row_ms=float(sim.get("per_row_ms", (int, float), 0.05)),
             jitter_ms=float(sim.get("jitter_ms", (int, float), 0.0)),
+            load_ms=float(sim.get("load_ms", (int, float), 0.0)),
             failure_rate=float(sim.get("failure_rate", (int, float), 0.0)),
             seed=int(sim.get("seed", int, 0)),
             crash_value=(

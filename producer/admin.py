@@ -184,9 +184,9 @@ class ModelAdmin:
         async with self._locked(model):
             generation = int(await self.redis.incr(self.keys.policy_generation))
             wanted = VersionPolicy(request.versions, request.weights, generation)
-            reports = await self._prepare(model, wanted, workers)
+            reports, left = await self._prepare(model, wanted, workers)
             failed = [r for r in reports.values() if not r.ok]
-            missing = sorted(set(workers) - set(reports))
+            missing = sorted(set(workers) - set(reports) - left)
             if failed or missing:
                 await self._send(Command(Op.ABORT, model, wanted))
                 problems = [f"worker {r.worker}: {r.error}" for r in failed]
@@ -293,9 +293,10 @@ class ModelAdmin:
 
     async def _prepare(
         self, model: str, policy: VersionPolicy, workers: list[str]
-    ) -> dict[str, LoadReport]:
-        """Send PREPARE; collect one report per expected worker until all answered, a worker
-        died (it no longer counts), or the load timeout."""
+    ) -> tuple[dict[str, LoadReport], set[str]]:
+        """Send PREPARE; collect one report per expected worker until all answered or the load
+        timeout. A worker that stops meanwhile no longer counts: returns the reports and the
+        workers that left (a worker that starts meanwhile loads the policy at the commit)."""
         reply_to = self.keys.control_reply(secrets.token_hex(8))
         await self._send(Command(Op.PREPARE, model, policy, reply_to))
         expected = set(workers)
@@ -321,7 +322,7 @@ class ModelAdmin:
             if expected - set(reports):
                 await asyncio.sleep(_POLL_S)
         await self.redis.delete(reply_to)
-        return {w: r for w, r in reports.items() if w in expected or not r.ok}
+        return reports, set(workers) - expected - set(reports)
 
     def _final(self, wanted: VersionPolicy, reports: dict[str, LoadReport]) -> VersionPolicy:
         """The policy to commit. A load by the repository config takes the versions and weights

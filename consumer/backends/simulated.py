@@ -37,6 +37,7 @@ class SimulatedBackend:
     def load(self) -> None:
         if self.config.inputs[0].datatype == "BYTES":
             raise BackendError(f"model '{self.config.name}': simulated models need numeric inputs")
+        time.sleep(self.config.simulated.load_ms / 1000)
 
     def latency_s(self, rows: int) -> float:
         sim = self.config.simulated

@@ -21,7 +21,7 @@ import redis
 from protocol.control import LoadReport, VersionPolicy
 from protocol.keys import Keys
 from tests.conftest import DIGITS
-from tests.support import GatewayThread, Stack, WorkerThread, wait_until
+from tests.support import GatewayThread, Stack, WorkerThread, sim_body, wait_until
 
 TOKEN = "s3cret-admin-token"
 AUTH = {"authorization": f"Bearer {TOKEN}"}
@@ -448,3 +448,95 @@ def test_a_reload_applies_the_configs_new_batching(control_stack):
             lambda: c.get("/v2/models/digits").json()["parameters"]["max_batch_size"] == 16,
             what="the new max_batch advertised",
         )
+
+
+def slow_loading_repo(root: Path) -> Path:
+    """A simulated model whose versions take 1.5 s each to load, as a large model would."""
+    from tests.support import write_simulated_model
+
+    repo = root / "slowrepo"
+    write_simulated_model(repo, "big", base_ms=2, per_row_ms=0, max_batch=16)
+    config = repo / "big" / "config.toml"
+    text = config.read_text().replace("[simulated]", "[simulated]\nload_ms = 1500")
+    config.write_text(text.replace("[cache]", '[version_policy]\nspecific = ["1"]\n\n[cache]'))
+    (repo / "big" / "2").mkdir()
+    return repo
+
+
+def test_requests_keep_being_served_while_a_slow_version_loads(
+    redis_url, namespace, tmp_path, capsys
+):
+    started: list[GatewayThread | WorkerThread] = []
+    s = Stack(redis_url, namespace, slow_loading_repo(tmp_path), started)
+    try:
+        for _ in range(2):
+            s.add_worker(("big",))
+        s.start_gateway(admin_token=TOKEN)
+        s.wait_ready("big")
+        outcomes: list[tuple[float, int, str | None]] = []
+        done = threading.Event()
+
+        def traffic() -> None:
+            with s.client() as c:
+                while not done.is_set():
+                    t0 = time.monotonic()
+                    r = c.post("/v2/models/big/infer", json=sim_body(1.0))
+                    version = r.json().get("model_version") if r.status_code == 200 else None
+                    outcomes.append((time.monotonic() - t0, r.status_code, version))
+
+        senders = [threading.Thread(target=traffic) for _ in range(4)]
+        for t in senders:
+            t.start()
+        wait_until(lambda: len(outcomes) > 20, what="traffic flowing")
+        load_started = time.monotonic()
+        r = admin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
+        load_s = time.monotonic() - load_started
+        during = len(outcomes)
+        wait_until(lambda: len(outcomes) > during + 20, what="traffic after the switch")
+        done.set()
+        for t in senders:
+            t.join(30)
+        assert r.status_code == 200, r.text
+        assert load_s >= 1.5  # the call waited for the workers' load
+        statuses = Counter(status for _, status, _ in outcomes)
+        slowest = max(latency for latency, _, _ in outcomes)
+        with capsys.disabled():
+            print(
+                f"\nmodel-control[1.5 s load under traffic, 2 workers]: load call {load_s:.2f} s; "
+                f"{sum(statuses.values())} requests, statuses {dict(statuses)}, "
+                f"slowest {slowest * 1000:.0f} ms"
+            )
+        assert statuses == {200: len(outcomes)}
+        assert slowest < 1.0  # nobody waited for the load
+        assert outcomes[-1][2] == "2"
+    finally:
+        for thing in reversed(started):
+            thing.stop()
+
+
+def test_a_worker_that_leaves_during_a_load_does_not_hold_it_up(redis_url, namespace, tmp_path):
+    started: list[GatewayThread | WorkerThread] = []
+    s = Stack(redis_url, namespace, slow_loading_repo(tmp_path), started)
+    try:
+        stays, leaves = s.add_worker(("big",)), s.add_worker(("big",))
+        s.start_gateway(admin_token=TOKEN)
+        s.wait_ready("big")
+        keys = Keys(namespace)
+        answer: dict[str, Any] = {}
+
+        def load() -> None:
+            r = admin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
+            answer["status"], answer["body"] = r.status_code, r.json()
+
+        loader = threading.Thread(target=load)
+        loader.start()
+        with redis.Redis.from_url(redis_url) as rc:
+            wait_until(lambda: rc.xlen(keys.control) >= 1, what="the prepare sent")
+        leaves.stop()  # withdraws mid-load; its answer never comes
+        loader.join(60)
+        assert answer["status"] == 200, answer
+        assert stays.worker.id in answer["body"]["workers"]
+        assert s.infer("big", sim_body(2.0)).json()["model_version"] == "2"
+    finally:
+        for thing in reversed(started):
+            thing.stop()
