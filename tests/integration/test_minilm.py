@@ -72,3 +72,26 @@ def test_texts_sent_as_v2_bytes_come_back_as_their_embeddings(minilm_stack, mini
         )
     assert r.status_code == 400, r.text
     assert "input 'text' is not valid UTF-8 text" in r.json()["error"]
+
+
+def test_tritonclient_sends_text_unmodified_json_and_binary(minilm_stack):
+    """Triton's own HTTP client, as existing code would call it: BYTES as binary data and as
+    JSON, the embedding back as binary data."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(minilm_stack.url.removeprefix("http://"))
+    try:
+        texts = np.array([b"A man is eating food.", b"A man is eating a piece of bread."], object)
+        results = []
+        for binary in (True, False):
+            text = httpclient.InferInput("text", [2], "BYTES")
+            text.set_data_from_numpy(texts, binary_data=binary)
+            out = httpclient.InferRequestedOutput("embedding", binary_data=True)
+            results.append(client.infer("minilm", [text], outputs=[out]).as_numpy("embedding"))
+    finally:
+        client.close()
+    for got in results:
+        assert got.shape == (2, 384) and got.dtype == np.float32
+        assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+        assert float(got[0] @ got[1]) > 0.5  # paraphrases
+    assert np.abs(results[0] - results[1]).max() < 1e-6
