@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench-core bench-minilm examples model clean
+.PHONY: run test lint bench-core bench-minilm bench-hotswap examples model clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
@@ -42,6 +42,10 @@ bench-core: $(VENV)/.dev
 ## bench-minilm: minilm sentence embeddings through inferq up vs the same ONNX session in-process
 bench-minilm: $(VENV)/.dev
 	$(BIN)/python bench/minilm.py $(ARGS)
+
+## bench-hotswap: a hot swap of minilm under load, timeline and P99 before/during/after
+bench-hotswap: $(VENV)/.dev
+	$(BIN)/python bench/hotswap.py $(ARGS)
 
 ## examples: build the example models that are not in git (minilm, digits-pt) into models/
 examples: $(VENV)/.dev
