@@ -14,6 +14,7 @@ requests routed to them before the switch finish on them, then they are unloaded
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("inferq.worker")
 
+RECENT_COMMANDS = 200
+"""How far back a starting worker looks for a change in progress (commands are few)."""
 REPLY_TTL_S = 600
 """How long a load command's answers stay readable (the admin call reads them sooner)."""
 
@@ -70,14 +73,14 @@ class ModelControl:
         self._prepared: dict[str, tuple[int, ModelConfig]] = {}
         self._generation: dict[str, int] = {}
         self._retirements: set[asyncio.Task[None]] = set()
-        self.applied = asyncio.Condition()
-        """Notified after every command is handled (tests wait on it)."""
+        self._in_flight: dict[str, Command] = {}
 
     async def committed_policies(self) -> dict[str, VersionPolicy]:
         """Mark the end of the control stream, then read the committed policies: every change
-        committed after this read arrives as a command."""
-        last: Any = await self._redis.xrevrange(self._keys.control, count=1)
-        self._last_id = last[0][0].decode() if last else "0-0"
+        committed after this read arrives as a command. Changes being prepared right now (a
+        model whose newest command is a PREPARE) are remembered for ``catch_up``."""
+        recent: Any = await self._redis.xrevrange(self._keys.control, count=RECENT_COMMANDS)
+        self._last_id = recent[0][0].decode() if recent else "0-0"
         raw: Any = await self._redis.hgetall(self._keys.policies)
         policies = {}
         for name, value in raw.items():
@@ -87,7 +90,36 @@ class ModelControl:
                 log.warning("ignoring a version policy", model=name, error=str(e))
         for name, policy in policies.items():
             self._generation[name] = policy.generation
+        newest: dict[str, Command] = {}
+        for _, fields in recent:  # newest first
+            with contextlib.suppress(ProtocolError):
+                command = Command.decode(fields.get(COMMAND_FIELD, b""))
+                newest.setdefault(command.model, command)
+        self._in_flight = {
+            model: c
+            for model, c in newest.items()
+            if c.op is Op.PREPARE and c.policy.generation > self._generation.get(model, 0)
+        }
         return policies
+
+    async def catch_up(self) -> None:
+        """Before this worker reads a single request (and after it advertises itself, so a
+        gateway preparing a change counts it from now on): take part in the change that was
+        being prepared when it started, and apply every command sent while it loaded. Otherwise
+        a worker starting mid-change could be handed requests for a version it lacks."""
+        for model, command in self._in_flight.items():
+            slot = self._slots.get(model)
+            if slot is not None:
+                await self._prepare(slot, command)
+        self._in_flight = {}
+        while True:
+            reply: Any = await self._redis.xread({self._keys.control: self._last_id}, count=16)
+            entries = [e for _, stream_entries in reply or [] for e in stream_entries]
+            for entry_id, fields in entries:
+                self._last_id = entry_id.decode()
+                await self._handle_entry(fields)
+            if len(entries) < 16:
+                return
 
     async def report_started(self) -> None:
         """The model-status line of every model at start, so ``inferq models status`` shows it."""
@@ -135,8 +167,6 @@ class ModelControl:
                     await self._abort(slot, command.policy)
             except (RedisError, OSError) as e:
                 log.warning("control command not fully applied", op=command.op, error=str(e))
-        async with self.applied:
-            self.applied.notify_all()
 
     async def _prepare(self, slot: ModelSlot, command: Command) -> None:
         model, policy = slot.model, command.policy

@@ -269,13 +269,17 @@ class Worker:
             interval_s=s.heartbeat_s,
             ttl_s=s.worker_ttl_s,
         )
+        # Advertise, then catch up on model changes, then read: a change being prepared counts
+        # this worker from its advertisement on, and this worker has that change's versions
+        # before it reads a request that might be routed to them.
+        await self._advertiser.publish()
+        await self.control.report_started()
+        await self.control.catch_up()
         self._spawn(self._writer.run(), "writer")
         self._spawn(self._read_loop(), "reader")
         for slot in self.slots.values():
             self._spawn(self._dispatch_loop(slot), f"dispatch-{slot.model.name}")
-        await self._advertiser.publish()
         self._spawn(self._advertiser.run(), "heartbeat")
-        await self.control.report_started()
         self._spawn(self.control.run(), "control")
         self.reclaimer = Reclaimer(
             self._redis,

@@ -253,11 +253,7 @@ class ModelAdmin:
         if entry is None:
             known = ", ".join(sorted(self.registry.models)) or "none"
             raise NotFound(f"unknown model '{model}' (models known: {known})")
-        workers = [
-            w.id
-            for w in self.registry.live_worker_infos()
-            if any(m.name == model for m in w.models)
-        ]
+        workers = sorted(self._serving(model))
         if need_workers and not workers:
             raise ServiceUnavailable(
                 f"no live worker serves model '{model}' to load it; start one with "
@@ -294,17 +290,19 @@ class ModelAdmin:
     async def _prepare(
         self, model: str, policy: VersionPolicy, workers: list[str]
     ) -> tuple[dict[str, LoadReport], set[str]]:
-        """Send PREPARE; collect one report per expected worker until all answered or the load
-        timeout. A worker that stops meanwhile no longer counts: returns the reports and the
-        workers that left (a worker that starts meanwhile loads the policy at the commit)."""
+        """Send PREPARE; collect a report from every worker that serves the model until all
+        have answered or the load timeout. The set is re-read every second and once more
+        before returning: a worker that stops meanwhile no longer counts, and one that starts
+        meanwhile (it joins the change before it reads any request) is waited for too.
+        Returns the reports and the workers that left."""
         reply_to = self.keys.control_reply(secrets.token_hex(8))
         await self._send(Command(Op.PREPARE, model, policy, reply_to))
         expected = set(workers)
         reports: dict[str, LoadReport] = {}
         deadline = time.monotonic() + self.settings.admin_load_timeout_s
-        next_liveness = time.monotonic() + 1.0
+        next_look = time.monotonic() + 1.0
         seen = 0
-        while expected - set(reports) and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             raw = cast(list[bytes], await self.redis.lrange(reply_to, seen, -1))
             seen += len(raw)
             for item in raw:
@@ -314,15 +312,24 @@ class ModelAdmin:
                     continue
                 if report.generation == policy.generation:
                     reports[report.worker] = report
-            if time.monotonic() >= next_liveness:
+            answered = not expected - set(reports)
+            if answered or time.monotonic() >= next_look:
                 await self.registry.refresh()
-                live = {w.id for w in self.registry.live_worker_infos()}
-                expected &= live | set(reports)
-                next_liveness = time.monotonic() + 1.0
-            if expected - set(reports):
-                await asyncio.sleep(_POLL_S)
+                expected = self._serving(model) | (expected & set(reports))
+                next_look = time.monotonic() + 1.0
+                if not expected - set(reports):
+                    break
+            await asyncio.sleep(_POLL_S)
         await self.redis.delete(reply_to)
         return reports, set(workers) - expected - set(reports)
+
+    def _serving(self, model: str) -> set[str]:
+        """Live workers that advertise the model, as of the last registry refresh."""
+        return {
+            w.id
+            for w in self.registry.live_worker_infos()
+            if any(m.name == model for m in w.models)
+        }
 
     def _final(self, wanted: VersionPolicy, reports: dict[str, LoadReport]) -> VersionPolicy:
         """The policy to commit. A load by the repository config takes the versions and weights

@@ -540,3 +540,38 @@ def test_a_worker_that_leaves_during_a_load_does_not_hold_it_up(redis_url, names
     finally:
         for thing in reversed(started):
             thing.stop()
+
+
+def test_a_worker_that_starts_during_a_load_joins_it_before_serving(redis_url, namespace, tmp_path):
+    """It takes part in the change while it starts (before it reads a request), so no request
+    routed after the switch can reach a worker without the version."""
+    started: list[GatewayThread | WorkerThread] = []
+    s = Stack(redis_url, namespace, slow_loading_repo(tmp_path), started)
+    try:
+        first = s.add_worker(("big",))
+        s.start_gateway(admin_token=TOKEN)
+        s.wait_ready("big")
+        answer: dict[str, Any] = {}
+
+        def load() -> None:
+            r = admin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
+            answer["status"], answer["body"] = r.status_code, r.json()
+
+        loader = threading.Thread(target=load)
+        loader.start()
+        with redis.Redis.from_url(redis_url) as rc:
+            wait_until(lambda: rc.xlen(Keys(namespace).control) >= 1, what="the prepare sent")
+        late = s.add_worker(("big",))  # starts while the first worker loads version 2
+        loader.join(60)
+        assert answer["status"] == 200, answer
+        # The gateway waited for the late worker if it was advertised by the last look;
+        # either way the late worker had version 2 before it read a request.
+        assert first.worker.id in answer["body"]["workers"]
+        model = late.worker.slots["big"].model
+        wait_until(lambda: list(model.backends) == ["2"], what="the late worker on version 2")
+        for i in range(20):
+            assert s.infer("big", sim_body(float(i))).json()["model_version"] == "2"
+        assert late.stats.failed == 0 and first.stats.failed == 0
+    finally:
+        for thing in reversed(started):
+            thing.stop()
