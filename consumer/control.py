@@ -24,12 +24,13 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from consumer.backends import Backend
+from consumer.backends import Backend, BackendError
 from consumer.batcher import BatchPolicy
-from consumer.repository import ModelConfig, load_config
+from consumer.repository import ModelConfig, RepositoryError, load_config
 from inferq.aio import cancelling
 from protocol import ProtocolError
 from protocol.control import COMMAND_FIELD, Command, LoadReport, Op, VersionPolicy
+from protocol.envelope import decode_hash
 from protocol.keys import Keys
 
 if TYPE_CHECKING:
@@ -82,12 +83,7 @@ class ModelControl:
         recent: Any = await self._redis.xrevrange(self._keys.control, count=RECENT_COMMANDS)
         self._last_id = recent[0][0].decode() if recent else "0-0"
         raw: Any = await self._redis.hgetall(self._keys.policies)
-        policies = {}
-        for name, value in raw.items():
-            try:
-                policies[name.decode()] = VersionPolicy.decode(value)
-            except ProtocolError as e:
-                log.warning("ignoring a version policy", model=name, error=str(e))
+        policies = decode_hash(raw, VersionPolicy.decode, _ignored_policy)
         for name, policy in policies.items():
             self._generation[name] = policy.generation
         newest: dict[str, Command] = {}
@@ -171,7 +167,6 @@ class ModelControl:
     async def _prepare(self, slot: ModelSlot, command: Command) -> None:
         model, policy = slot.model, command.policy
         started = time.perf_counter()
-        loaded: dict[str, Backend] = {}
         try:
             # No versions: as the repository config says (it may name a new version now).
             config = load_config(self._repository, model.name, policy if policy.versions else None)
@@ -179,15 +174,10 @@ class ModelControl:
             # that this one does not want: unload them now rather than hold them forever.
             for stale in model.discard_standby(keep=set(config.versions)):
                 await asyncio.to_thread(stale.unload)
-            # A retiring version brought back (a quick rollback) is reused, not loaded again.
-            have = {*model.backends, *model.standby, *model.retiring}
-            for version in config.versions:
-                if version not in have:
-                    loaded[version] = await asyncio.to_thread(model.load_version, config, version)
+            loaded = await self._load_missing(model, config)
         except Exception as e:  # a model file can fail to load in any way; report, keep serving
-            for backend in loaded.values():
-                await asyncio.to_thread(backend.unload)
-            error = f"{type(e).__name__}: {e}" if not str(e).startswith("model") else str(e)
+            known = isinstance(e, RepositoryError | BackendError)  # their messages say where
+            error = str(e) if known else f"{type(e).__name__}: {e}"
             log.error(
                 "model load failed; still serving the current versions",
                 model=model.name,
@@ -198,28 +188,39 @@ class ModelControl:
             report = self._line(model, policy.generation, error=error, load_ms=elapsed_ms)
             await self._report(report, command.reply_to)
             return
-        for version, backend in loaded.items():
-            model.stage(version, backend)
         self._prepared[model.name] = (policy.generation, config)
+        elapsed_ms = (time.perf_counter() - started) * 1000
         log.info(
             "model versions loaded, waiting for commit",
             model=model.name,
             loaded=sorted(loaded),
-            load_ms=round((time.perf_counter() - started) * 1000, 1),
+            load_ms=round(elapsed_ms, 1),
         )
-        await self._report(
-            LoadReport(
-                self.worker_id,
-                model.name,
-                policy.generation,
-                True,
-                config.versions,
-                load_ms=(time.perf_counter() - started) * 1000,
-                updated_ms=self._now_ms(),
-                weights=config.weights,
-            ),
-            command.reply_to,
+        report = self._line(
+            model,
+            policy.generation,
+            load_ms=elapsed_ms,
+            versions=config.versions,
+            weights=config.weights,
         )
+        await self._report(report, command.reply_to)
+
+    async def _load_missing(self, model: ServedModel, config: ModelConfig) -> list[str]:
+        """Load and stage the config's versions this worker holds nowhere yet (a retiring
+        version brought back by a quick rollback is reused, not loaded again). On failure the
+        versions loaded for it are unloaded and the error raised."""
+        loaded: dict[str, Backend] = {}
+        try:
+            for version in config.versions:
+                if model.backend_for(version) is None:
+                    loaded[version] = await asyncio.to_thread(model.load_version, config, version)
+        except BaseException:
+            for backend in loaded.values():
+                await asyncio.to_thread(backend.unload)
+            raise
+        for version, backend in loaded.items():
+            model.stage(version, backend)
+        return list(loaded)
 
     async def _commit(self, slot: ModelSlot, policy: VersionPolicy) -> None:
         model = slot.model
@@ -227,14 +228,11 @@ class ModelControl:
             return
         generation, config = self._prepared.pop(model.name, (None, None))
         if generation != policy.generation or config is None:
-            # This worker missed the prepare (it started during the change): load now.
+            # This worker did not prepare this change (its prepare failed, or the commit came
+            # without one it saw): load what is missing now.
             try:
                 config = load_config(self._repository, model.name, policy)
-                for version in config.versions:
-                    if model.backend_for(version) is None:
-                        model.stage(
-                            version, await asyncio.to_thread(model.load_version, config, version)
-                        )
+                await self._load_missing(model, config)
             except Exception as e:
                 log.error("cannot serve the committed policy", model=model.name, error=str(e))
                 await self._report(self._line(model, policy.generation, error=str(e)), "")
@@ -281,19 +279,27 @@ class ModelControl:
         )
 
     def _line(
-        self, model: ServedModel, generation: int, *, error: str = "", load_ms: float = 0.0
+        self,
+        model: ServedModel,
+        generation: int,
+        *,
+        error: str = "",
+        load_ms: float = 0.0,
+        versions: tuple[str, ...] | None = None,
+        weights: dict[str, float] | None = None,
     ) -> LoadReport:
-        """This worker's status line for the model: what it serves now, and the error of the
-        change it could not make, if any."""
+        """This worker's status line for the model: what it serves now (or, answering a
+        prepare, the versions it has ready), and the error of the change it could not make."""
         return LoadReport(
             self.worker_id,
             model.name,
             generation,
             not error,
-            tuple(model.backends),
+            tuple(model.backends) if versions is None else versions,
             error=error,
             load_ms=load_ms,
             updated_ms=self._now_ms(),
+            weights=weights or {},
         )
 
     async def _report(self, report: LoadReport, reply_to: str) -> None:
@@ -304,3 +310,7 @@ class ModelControl:
             pipe.expire(reply_to, REPLY_TTL_S)
         pipe.hset(self._keys.model_status(report.model), self.worker_id, payload)
         await pipe.execute()
+
+
+def _ignored_policy(model: str, error: ProtocolError) -> None:
+    log.warning("ignoring a version policy", model=model, error=str(error))

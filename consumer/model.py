@@ -53,8 +53,7 @@ class ServedModel:
         """The config's device if it names one, else the worker's."""
         self._max_batch_override = max_batch
         self._flush_ms_override = flush_ms
-        self.max_batch = max_batch or config.max_batch
-        self.flush_s = (config.flush_ms if flush_ms is None else flush_ms) / 1000
+        self.max_batch, self.flush_s = self._batching(config)
         self.backends: dict[str, Backend] = {}
         """The versions served and advertised."""
         self.standby: dict[str, Backend] = {}
@@ -63,6 +62,12 @@ class ServedModel:
         """Dropped by the last change; still answering requests routed to them before it."""
         self.bisections = 0
         self._output_types = {o.name: o.datatype for o in config.outputs}
+
+    def _batching(self, config: ModelConfig) -> tuple[int, float]:
+        """(max_batch, flush window in s): the config's, unless the worker's --max-batch /
+        --flush-ms override them (a reload may change the config's; the overrides still win)."""
+        flush_ms = config.flush_ms if self._flush_ms_override is None else self._flush_ms_override
+        return self._max_batch_override or config.max_batch, flush_ms / 1000
 
     @property
     def name(self) -> str:
@@ -119,10 +124,7 @@ class ServedModel:
         # Whole-dict assignments: a batch on the model's thread sees the old set or the new one.
         self.config = config
         self._output_types = {o.name: o.datatype for o in config.outputs}
-        # A reload may change batching; the worker's --max-batch / --flush-ms still win.
-        self.max_batch = self._max_batch_override or config.max_batch
-        flush_ms = config.flush_ms if self._flush_ms_override is None else self._flush_ms_override
-        self.flush_s = flush_ms / 1000
+        self.max_batch, self.flush_s = self._batching(config)
         self.backends = backends
 
     def discard_standby(self, keep: set[str] | None = None) -> list[Backend]:

@@ -20,11 +20,9 @@ from typing import Any, TextIO, cast
 import redis
 
 from inferq.connections import redact
-from producer.registry import ModelEntry, merge
-from protocol import ProtocolError
-from protocol.control import LoadReport, VersionPolicy
+from producer.registry import ModelEntry, merge, parse_snapshot, queue_snapshot, status_lines
+from protocol.control import LoadReport
 from protocol.keys import Keys
-from protocol.registry import ModelMetadata, WorkerInfo
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -72,58 +70,22 @@ class ModelView:
 
 
 def snapshot(r: redis.Redis, keys: Keys, now_ms: int | None = None) -> list[ModelView]:
-    """Every known model as the gateways see it, with its live workers' status lines."""
+    """Every known model as the gateways see it (the same reads and merge as their registry),
+    with its live workers' status lines."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    ids = [i.decode() for i in cast(list[bytes], r.zrangebyscore(keys.workers, now_ms, "+inf"))]
+    ids = cast(list[bytes], r.zrangebyscore(keys.workers, now_ms, "+inf"))
     pipe = r.pipeline(transaction=False)
-    if ids:
-        pipe.mget([keys.worker(i) for i in ids])
-    pipe.hgetall(keys.policies)
-    pipe.hgetall(keys.models)
-    replies = pipe.execute()
-    workers = []
-    for raw in replies[0] if ids else []:
-        if raw:
-            try:
-                workers.append(WorkerInfo.decode(raw))
-            except ProtocolError:
-                continue
-    policies = _decoded(replies[-2], VersionPolicy.decode)
-    known = _decoded(replies[-1], ModelMetadata.decode)
+    queue_snapshot(pipe, keys, ids)
+    workers, known, policies = parse_snapshot(ids, pipe.execute())
     entries = merge(workers, known, policies)
     names = sorted(entries)
     pipe = r.pipeline(transaction=False)
     for name in names:
         pipe.hgetall(keys.model_status(name))
-    live = {w.id: w for w in workers}
-    views = []
-    for name, raw in zip(names, pipe.execute(), strict=True):
-        lines = [
-            report
-            for worker, value in raw.items()
-            if worker.decode() in live
-            and any(m.name == name for m in live[worker.decode()].models)
-            and (report := _report(value)) is not None
-        ]
-        views.append(ModelView(name, entries[name], sorted(lines, key=lambda w: w.worker)))
-    return views
-
-
-def _decoded(raw: dict[bytes, bytes], decode: Any) -> dict[str, Any]:
-    out = {}
-    for name, value in raw.items():
-        try:
-            out[name.decode()] = decode(value)
-        except ProtocolError:
-            continue
-    return out
-
-
-def _report(raw: bytes) -> LoadReport | None:
-    try:
-        return LoadReport.decode(raw)
-    except ProtocolError:
-        return None
+    return [
+        ModelView(name, entries[name], status_lines(raw, name, workers))
+        for name, raw in zip(names, pipe.execute(), strict=True)
+    ]
 
 
 def _traffic(entry: ModelEntry) -> str:

@@ -175,19 +175,12 @@ def latency_chart(result: LoadResult) -> Chart:
     rows = _window_rows(result)
     p50 = [(r.t + 0.5, r.p50_ms) for r in rows if r.p50_ms is not None]
     p99 = [(r.t + 0.5, r.p99_ms) for r in rows if r.p99_ms is not None]
-    x_hi = max(len(rows), 1)
-    y_ticks = nice_ticks(0.0, _padded_max([y for _, y in p99 + p50]))
-    x_ticks = nice_ticks(0.0, float(x_hi), 8)
-    return Chart(
-        title="Latency over time: P50 and P99 per second (2xx, ms)",
-        x_label="seconds into measurement",
-        y_label="ms",
-        x_range=(0.0, x_ticks[-1]),
-        y_range=(0.0, y_ticks[-1]),
-        x_ticks=x_ticks,
-        y_ticks=y_ticks,
-        lines=[Series("p50", COLORS["p50"], p50), Series("p99", COLORS["p99"], p99)],
-        empty_note=None if p50 else "no successful responses",
+    return _over_time(
+        "Latency over time: P50 and P99 per second (2xx, ms)",
+        "ms",
+        len(rows),
+        [Series("p50", COLORS["p50"], p50), Series("p99", COLORS["p99"], p99)],
+        None if p50 else "no successful responses",
     )
 
 
@@ -195,21 +188,34 @@ def throughput_chart(result: LoadResult) -> Chart:
     rows = _window_rows(result)
     ok = [(r.t + 0.5, float(r.ok)) for r in rows]
     errors = [(r.t + 0.5, float(r.errors)) for r in rows]
-    x_ticks = nice_ticks(0.0, float(max(len(rows), 1)), 8)
-    y_ticks = nice_ticks(0.0, _padded_max([y for _, y in ok + errors]))
     lines = [Series("2xx/s", COLORS["ok"], ok)]
     if any(y for _, y in errors):
         lines.append(Series("errors/s", COLORS["errors"], errors))
+    return _over_time(
+        "Throughput over time: completions per second",
+        "req/s",
+        len(rows),
+        lines,
+        None if rows else "nothing completed",
+    )
+
+
+def _over_time(
+    title: str, y_label: str, seconds: int, lines: list[Series], empty_note: str | None
+) -> Chart:
+    """A chart of per-second series over the measurement window."""
+    x_ticks = nice_ticks(0.0, float(max(seconds, 1)), 8)
+    y_ticks = nice_ticks(0.0, _padded_max([y for line in lines for _, y in line.points]))
     return Chart(
-        title="Throughput over time: completions per second",
+        title=title,
         x_label="seconds into measurement",
-        y_label="req/s",
+        y_label=y_label,
         x_range=(0.0, x_ticks[-1]),
         y_range=(0.0, y_ticks[-1]),
         x_ticks=x_ticks,
         y_ticks=y_ticks,
         lines=lines,
-        empty_note=None if rows else "nothing completed",
+        empty_note=empty_note,
     )
 
 

@@ -27,6 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from loadgen.http import PreparedRequest
+from protocol.tensor import BYTES, DTYPES
 
 __all__ = [
     "DATATYPES",
@@ -42,23 +43,9 @@ __all__ = [
     "tensors_from_body",
 ]
 
-#: numpy dtypes of the fixed-size V2 datatypes (``BF16`` travels as uint16, ``BYTES`` apart).
-DATATYPES: dict[str, np.dtype[Any]] = {
-    "BOOL": np.dtype("?"),
-    "UINT8": np.dtype("u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-    "BF16": np.dtype("<u2"),
-}
-BYTES = "BYTES"
+#: numpy dtypes of the fixed-size V2 datatypes: the wire contract's, plus ``BF16``, which the
+#: load generator sends as raw 16-bit words (``BYTES`` apart).
+DATATYPES: dict[str, np.dtype[Any]] = {**DTYPES, "BF16": np.dtype("<u2")}
 #: Integers are drawn from [0, INT_HIGH).
 INT_HIGH = 100
 BYTES_LENGTH = 8

@@ -28,7 +28,7 @@ from producer.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from producer.registry import ModelEntry, ModelRegistry
+from producer.registry import ModelEntry, ModelRegistry, status_lines
 from producer.settings import GatewaySettings
 from protocol import ProtocolError
 from protocol.control import (
@@ -158,23 +158,15 @@ class ModelAdmin:
         return [r for r in rows if r["state"] == "READY"] if ready_only else rows
 
     async def statuses(self, names: list[str]) -> dict[str, list[LoadReport]]:
-        """Each model's per-worker status lines, for live workers only."""
-        live = {w.id for w in self.registry.live_worker_infos()}
+        """Each model's status lines, from the live workers that serve it."""
+        workers = self.registry.live_worker_infos()
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
             pipe.hgetall(self.keys.model_status(name))
-        out: dict[str, list[LoadReport]] = {}
-        for name, raw in zip(names, await pipe.execute(), strict=True):
-            reports = []
-            for worker, value in raw.items():
-                if worker.decode() not in live:
-                    continue
-                try:
-                    reports.append(LoadReport.decode(value))
-                except ProtocolError:
-                    continue
-            out[name] = sorted(reports, key=lambda r: r.worker)
-        return out
+        replies = await pipe.execute()
+        return {
+            name: status_lines(raw, name, workers) for name, raw in zip(names, replies, strict=True)
+        }
 
     # -- load / unload ---------------------------------------------------------------------
 

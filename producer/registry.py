@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -19,7 +20,8 @@ from redis.exceptions import RedisError
 from inferq.aio import cancelling
 from inferq.connections import RedisClock
 from protocol import ProtocolError
-from protocol.control import VersionPolicy, version_order
+from protocol.control import LoadReport, VersionPolicy, version_order
+from protocol.envelope import decode_hash
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.registry import ModelMetadata, WorkerInfo
 
@@ -141,10 +143,7 @@ class ModelRegistry:
                     ),
                 )
                 pipe = self._redis.pipeline(transaction=False)
-                if ids:
-                    pipe.mget([self._keys.worker(i.decode()) for i in ids])
-                pipe.hgetall(self._keys.policies)
-                pipe.hgetall(self._keys.models)
+                queue_snapshot(pipe, self._keys, ids)
                 replies = await pipe.execute()
             except (RedisError, OSError) as e:
                 if self.redis_ok:
@@ -153,19 +152,7 @@ class ModelRegistry:
                 return
             self.redis_ok = True
             self._last_refresh = time.monotonic()
-            workers = [w for raw in (replies[0] if ids else []) if raw and (w := _worker(raw))]
-            known = {}
-            for name, raw in replies[-1].items():
-                try:
-                    known[name.decode()] = ModelMetadata.decode(raw)
-                except ProtocolError:
-                    continue
-            policies = {}
-            for name, raw in replies[-2].items():
-                try:
-                    policies[name.decode()] = VersionPolicy.decode(raw)
-                except ProtocolError as e:
-                    log.warning("ignoring a version policy", model=name, error=str(e))
+            workers, known, policies = parse_snapshot(ids, replies)
             self._workers, self._known, self._policies = workers, known, policies
             self.models = merge(workers, known, policies)
             self._queued_since = {}
@@ -217,6 +204,44 @@ def _lag(length: object, groups: object) -> int:
             lag = group.get("lag")
             return int(lag) if isinstance(lag, int) else length
     return length
+
+
+def queue_snapshot(pipe: Any, keys: Keys, ids: list[bytes]) -> None:
+    """Queue, on a pipeline (sync or asyncio), the reads ``parse_snapshot`` takes: the live
+    workers' advertisements (``ids`` from ZRANGEBYSCORE of ``keys.workers``), the committed
+    policies and the last-known metadata."""
+    if ids:
+        pipe.mget([keys.worker(i.decode()) for i in ids])
+    pipe.hgetall(keys.policies)
+    pipe.hgetall(keys.models)
+
+
+def parse_snapshot(
+    ids: list[bytes], replies: list[Any]
+) -> tuple[list[WorkerInfo], dict[str, ModelMetadata], dict[str, VersionPolicy]]:
+    """The replies of ``queue_snapshot`` decoded: live workers, known models, policies. What
+    does not decode is logged and left out."""
+    workers = [w for raw in (replies[0] if ids else []) if raw and (w := _worker(raw))]
+    policies = decode_hash(replies[-2], VersionPolicy.decode, _ignored("version policy"))
+    known = decode_hash(replies[-1], ModelMetadata.decode, _ignored("model metadata"))
+    return workers, known, policies
+
+
+def status_lines(
+    raw: dict[bytes, bytes], model: str, workers: list[WorkerInfo]
+) -> list[LoadReport]:
+    """A model's status hash (HGETALL of ``keys.model_status``), decoded: the lines of the live
+    workers that serve it (a worker that has gone, or dropped the model, left a stale one)."""
+    serving = {w.id for w in workers if any(m.name == model for m in w.models)}
+    lines = decode_hash(raw, LoadReport.decode)
+    return [lines[w] for w in sorted(lines) if w in serving]
+
+
+def _ignored(what: str) -> Callable[[str, ProtocolError], None]:
+    def warn(name: str, error: ProtocolError) -> None:
+        log.warning(f"ignoring a {what}", name=name, error=str(error))
+
+    return warn
 
 
 def _worker(raw: bytes) -> WorkerInfo | None:

@@ -6,7 +6,8 @@ protocol version and the wrong number of fields in the same words, with ``Protoc
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
 
 import msgpack
 
@@ -32,3 +33,24 @@ def unpack(raw: bytes, what: str, n_fields: int) -> list[Any]:
     if len(items) != n_fields + 1:
         raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {n_fields}")
     return items[1:]
+
+
+T = TypeVar("T")
+
+
+def decode_hash(
+    raw: dict[bytes, bytes],
+    decode: Callable[[bytes], T],
+    on_error: Callable[[str, ProtocolError], None] | None = None,
+) -> dict[str, T]:
+    """A Redis hash of encoded messages (HGETALL), decoded per field; a field that does not
+    decode is left out (and passed to ``on_error``): one bad entry must not hide the rest."""
+    out: dict[str, T] = {}
+    for name, value in raw.items():
+        key = name.decode(errors="replace")
+        try:
+            out[key] = decode(value)
+        except ProtocolError as e:
+            if on_error is not None:
+                on_error(key, e)
+    return out

@@ -60,12 +60,19 @@ def control_stack(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[Ca
     started: list[GatewayThread | WorkerThread] = []
 
     def make(
-        versions: list[str], *, workers: int = 2, policy: str = 'specific = ["1"]', **gateway: Any
+        versions: list[str] | None = None,
+        *,
+        workers: int = 2,
+        policy: str = 'specific = ["1"]',
+        repo: Path | None = None,
+        **gateway: Any,
     ) -> Stack:
-        repo = make_repo(tmp_path, versions, policy)
+        """Digits under ``versions`` (or the given ``repo``), ``workers`` workers serving all
+        of it, and a gateway with the admin token."""
+        repo = repo or make_repo(tmp_path, versions or ["1"], policy)
         s = Stack(redis_url, namespace, repo, started)
         for _ in range(workers):
-            s.add_worker(("digits",), retire_after_s=1.0)
+            s.add_worker(retire_after_s=1.0)
         s.start_gateway(**{"admin_token": TOKEN, **gateway})
         return s
 
@@ -117,35 +124,60 @@ def admin(s: Stack, path: str, body: dict[str, Any] | None = None) -> httpx.Resp
         return c.post(path, json=body or {}, headers=AUTH)
 
 
+class BackgroundAdmin(threading.Thread):
+    """An admin call made from another thread once ``go`` is set (at once if not given):
+    when it started and ended, its status and body."""
+
+    def __init__(
+        self, s: Stack, path: str, body: dict[str, Any], go: threading.Event | None = None
+    ) -> None:
+        super().__init__()
+        self.s, self.path, self.body = s, path, body
+        self.go = go or threading.Event()
+        if go is None:
+            self.go.set()
+        self.started_at = self.ended_at = 0.0
+        self.status = 0
+        self.answer: dict[str, Any] = {}
+
+    def run(self) -> None:
+        self.go.wait(60)
+        self.started_at = time.monotonic()
+        r = admin(self.s, self.path, self.body)
+        self.ended_at = time.monotonic()
+        self.status, self.answer = r.status_code, r.json()
+
+    def result(self) -> tuple[int, dict[str, Any]]:
+        self.join(60)
+        return self.status, self.answer
+
+
+def prepare_sent(redis_url: str, namespace: str) -> None:
+    with redis.Redis.from_url(redis_url) as rc:
+        wait_until(lambda: rc.xlen(Keys(namespace).control) >= 1, what="the prepare sent")
+
+
 def test_hot_swap_under_load_fails_no_request_and_switches_at_the_commit(control_stack, capsys):
     s = control_stack(["1", "2"])
     s.wait_ready("digits")
     half = threading.Event()
-    load_window: dict[str, float] = {}
-    answer: dict[str, Any] = {}
-
-    def swap() -> None:
-        half.wait(60)
-        load_window["start"] = time.monotonic()
-        r = admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "2"}})
-        load_window["end"] = time.monotonic()
-        answer["status"], answer["body"] = r.status_code, r.json()
-
-    swapper = threading.Thread(target=swap)
-    swapper.start()
+    swap = BackgroundAdmin(
+        s, "/v2/repository/models/digits/load", {"parameters": {"version": "2"}}, half
+    )
+    swap.start()
     outcomes = run_load(s, 2000, 32, on_progress=lambda n: n == 600 and half.set())
-    swapper.join(60)
+    status, answer = swap.result()
 
-    start, end = load_window["start"], load_window["end"]
+    start, end = swap.started_at, swap.ended_at
     with capsys.disabled():
         by = Counter((o.status, o.version) for o in outcomes)
         print(
             f"\nmodel-control[hot swap 1->2, 2000 req c=32, 2 workers]: {dict(by)}; load call "
             f"{(end - start) * 1000:.0f} ms; sent after it: {sum(o.sent > end for o in outcomes)}"
         )
-    assert answer["status"] == 200, answer
-    assert answer["body"]["versions"] == ["2"]
-    assert len(answer["body"]["workers"]) == 2
+    assert status == 200, answer
+    assert answer["versions"] == ["2"]
+    assert len(answer["workers"]) == 2
     assert Counter(o.status for o in outcomes) == {200: 2000}
     # Routed before the load began: v1. Sent after it returned: v2. v2 only from the commit on.
     assert {o.version for o in outcomes if o.sent < start} == {"1"}
@@ -168,27 +200,19 @@ def test_a_corrupt_version_is_refused_and_the_old_one_keeps_serving(control_stac
     s = control_stack(["1", "2", "3"], policy='specific = ["2"]')
     (s.repo / "digits" / "3" / "model.onnx").write_bytes(b"this is not an ONNX model")
     s.wait_ready("digits")
-    answer: dict[str, Any] = {}
     started = threading.Event()
-
-    def load_corrupt() -> None:
-        started.wait(60)
-        r = admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "3"}})
-        answer["status"], answer["body"] = r.status_code, r.json()
-
-    loader = threading.Thread(target=load_corrupt)
+    loader = BackgroundAdmin(
+        s, "/v2/repository/models/digits/load", {"parameters": {"version": "3"}}, started
+    )
     loader.start()
     outcomes = run_load(s, 600, 8, on_progress=lambda n: n == 100 and started.set())
-    loader.join(60)
+    status, answer = loader.result()
 
     with capsys.disabled():
         by = Counter((o.status, o.version) for o in outcomes)
-        print(
-            f"\nmodel-control[corrupt v3 under load, 600 req c=8]: "
-            f"load -> {answer['status']}; {dict(by)}"
-        )
-    assert answer["status"] == 400
-    error = answer["body"]["error"]
+        print(f"\nmodel-control[corrupt v3 under load, 600 req c=8]: load -> {status}; {dict(by)}")
+    assert status == 400
+    error = answer["error"]
     assert "failed to load model 'digits'" in error and "version 3" in error
     assert "still serves 2" in error
     assert all(w.worker.id in error for w in s.workers)  # every worker's reason is named
@@ -463,115 +487,82 @@ def slow_loading_repo(root: Path) -> Path:
     return repo
 
 
-def test_requests_keep_being_served_while_a_slow_version_loads(
-    redis_url, namespace, tmp_path, capsys
+def test_requests_keep_being_served_while_a_slow_version_loads(control_stack, tmp_path, capsys):
+    s = control_stack(repo=slow_loading_repo(tmp_path))
+    s.wait_ready("big")
+    outcomes: list[tuple[float, int, str | None]] = []
+    done = threading.Event()
+
+    def traffic() -> None:
+        with s.client() as c:
+            while not done.is_set():
+                t0 = time.monotonic()
+                r = c.post("/v2/models/big/infer", json=sim_body(1.0))
+                version = r.json().get("model_version") if r.status_code == 200 else None
+                outcomes.append((time.monotonic() - t0, r.status_code, version))
+
+    senders = [threading.Thread(target=traffic) for _ in range(4)]
+    for t in senders:
+        t.start()
+    wait_until(lambda: len(outcomes) > 20, what="traffic flowing")
+    load_started = time.monotonic()
+    r = admin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
+    load_s = time.monotonic() - load_started
+    during = len(outcomes)
+    wait_until(lambda: len(outcomes) > during + 20, what="traffic after the switch")
+    done.set()
+    for t in senders:
+        t.join(30)
+    assert r.status_code == 200, r.text
+    assert load_s >= 1.5  # the call waited for the workers' load
+    statuses = Counter(status for _, status, _ in outcomes)
+    slowest = max(latency for latency, _, _ in outcomes)
+    with capsys.disabled():
+        print(
+            f"\nmodel-control[1.5 s load under traffic, 2 workers]: load call {load_s:.2f} s; "
+            f"{sum(statuses.values())} requests, statuses {dict(statuses)}, "
+            f"slowest {slowest * 1000:.0f} ms"
+        )
+    assert statuses == {200: len(outcomes)}
+    assert slowest < 1.0  # nobody waited for the load
+    assert outcomes[-1][2] == "2"
+
+
+def test_a_worker_that_leaves_during_a_load_does_not_hold_it_up(
+    control_stack, redis_url, namespace, tmp_path
 ):
-    started: list[GatewayThread | WorkerThread] = []
-    s = Stack(redis_url, namespace, slow_loading_repo(tmp_path), started)
-    try:
-        for _ in range(2):
-            s.add_worker(("big",))
-        s.start_gateway(admin_token=TOKEN)
-        s.wait_ready("big")
-        outcomes: list[tuple[float, int, str | None]] = []
-        done = threading.Event()
-
-        def traffic() -> None:
-            with s.client() as c:
-                while not done.is_set():
-                    t0 = time.monotonic()
-                    r = c.post("/v2/models/big/infer", json=sim_body(1.0))
-                    version = r.json().get("model_version") if r.status_code == 200 else None
-                    outcomes.append((time.monotonic() - t0, r.status_code, version))
-
-        senders = [threading.Thread(target=traffic) for _ in range(4)]
-        for t in senders:
-            t.start()
-        wait_until(lambda: len(outcomes) > 20, what="traffic flowing")
-        load_started = time.monotonic()
-        r = admin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
-        load_s = time.monotonic() - load_started
-        during = len(outcomes)
-        wait_until(lambda: len(outcomes) > during + 20, what="traffic after the switch")
-        done.set()
-        for t in senders:
-            t.join(30)
-        assert r.status_code == 200, r.text
-        assert load_s >= 1.5  # the call waited for the workers' load
-        statuses = Counter(status for _, status, _ in outcomes)
-        slowest = max(latency for latency, _, _ in outcomes)
-        with capsys.disabled():
-            print(
-                f"\nmodel-control[1.5 s load under traffic, 2 workers]: load call {load_s:.2f} s; "
-                f"{sum(statuses.values())} requests, statuses {dict(statuses)}, "
-                f"slowest {slowest * 1000:.0f} ms"
-            )
-        assert statuses == {200: len(outcomes)}
-        assert slowest < 1.0  # nobody waited for the load
-        assert outcomes[-1][2] == "2"
-    finally:
-        for thing in reversed(started):
-            thing.stop()
+    s = control_stack(repo=slow_loading_repo(tmp_path))
+    stays, leaves = s.workers
+    s.wait_ready("big")
+    loader = BackgroundAdmin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
+    loader.start()
+    prepare_sent(redis_url, namespace)
+    leaves.stop()  # withdraws mid-load; its answer never comes
+    status, answer = loader.result()
+    assert status == 200, answer
+    assert stays.worker.id in answer["workers"]
+    assert s.infer("big", sim_body(2.0)).json()["model_version"] == "2"
 
 
-def test_a_worker_that_leaves_during_a_load_does_not_hold_it_up(redis_url, namespace, tmp_path):
-    started: list[GatewayThread | WorkerThread] = []
-    s = Stack(redis_url, namespace, slow_loading_repo(tmp_path), started)
-    try:
-        stays, leaves = s.add_worker(("big",)), s.add_worker(("big",))
-        s.start_gateway(admin_token=TOKEN)
-        s.wait_ready("big")
-        keys = Keys(namespace)
-        answer: dict[str, Any] = {}
-
-        def load() -> None:
-            r = admin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
-            answer["status"], answer["body"] = r.status_code, r.json()
-
-        loader = threading.Thread(target=load)
-        loader.start()
-        with redis.Redis.from_url(redis_url) as rc:
-            wait_until(lambda: rc.xlen(keys.control) >= 1, what="the prepare sent")
-        leaves.stop()  # withdraws mid-load; its answer never comes
-        loader.join(60)
-        assert answer["status"] == 200, answer
-        assert stays.worker.id in answer["body"]["workers"]
-        assert s.infer("big", sim_body(2.0)).json()["model_version"] == "2"
-    finally:
-        for thing in reversed(started):
-            thing.stop()
-
-
-def test_a_worker_that_starts_during_a_load_joins_it_before_serving(redis_url, namespace, tmp_path):
+def test_a_worker_that_starts_during_a_load_joins_it_before_serving(
+    control_stack, redis_url, namespace, tmp_path
+):
     """It takes part in the change while it starts (before it reads a request), so no request
     routed after the switch can reach a worker without the version."""
-    started: list[GatewayThread | WorkerThread] = []
-    s = Stack(redis_url, namespace, slow_loading_repo(tmp_path), started)
-    try:
-        first = s.add_worker(("big",))
-        s.start_gateway(admin_token=TOKEN)
-        s.wait_ready("big")
-        answer: dict[str, Any] = {}
-
-        def load() -> None:
-            r = admin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
-            answer["status"], answer["body"] = r.status_code, r.json()
-
-        loader = threading.Thread(target=load)
-        loader.start()
-        with redis.Redis.from_url(redis_url) as rc:
-            wait_until(lambda: rc.xlen(Keys(namespace).control) >= 1, what="the prepare sent")
-        late = s.add_worker(("big",))  # starts while the first worker loads version 2
-        loader.join(60)
-        assert answer["status"] == 200, answer
-        # The gateway waited for the late worker if it was advertised by the last look;
-        # either way the late worker had version 2 before it read a request.
-        assert first.worker.id in answer["body"]["workers"]
-        model = late.worker.slots["big"].model
-        wait_until(lambda: list(model.backends) == ["2"], what="the late worker on version 2")
-        for i in range(20):
-            assert s.infer("big", sim_body(float(i))).json()["model_version"] == "2"
-        assert late.stats.failed == 0 and first.stats.failed == 0
-    finally:
-        for thing in reversed(started):
-            thing.stop()
+    s = control_stack(repo=slow_loading_repo(tmp_path), workers=1)
+    (first,) = s.workers
+    s.wait_ready("big")
+    loader = BackgroundAdmin(s, "/v2/repository/models/big/load", {"parameters": {"version": "2"}})
+    loader.start()
+    prepare_sent(redis_url, namespace)
+    late = s.add_worker(("big",))  # starts while the first worker loads version 2
+    status, answer = loader.result()
+    assert status == 200, answer
+    # The gateway waited for the late worker if it was advertised by the last look;
+    # either way the late worker had version 2 before it read a request.
+    assert first.worker.id in answer["workers"]
+    model = late.worker.slots["big"].model
+    wait_until(lambda: list(model.backends) == ["2"], what="the late worker on version 2")
+    for i in range(20):
+        assert s.infer("big", sim_body(float(i))).json()["model_version"] == "2"
+    assert late.stats.failed == 0 and first.stats.failed == 0
