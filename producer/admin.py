@@ -47,6 +47,9 @@ log = structlog.get_logger("inferq.gateway")
 CONTROL_MAXLEN = 1_000
 """Control-stream entries kept (approximate trim): commands are applied within seconds."""
 _POLL_S = 0.02
+"""How often a load reads its reply list. Polling, not BLPOP: a blocking pop would hold a Redis
+connection per admin call, and the gateway keeps O(1) connections; loads are rare and take
+seconds, so 20 ms polls cost nothing that matters."""
 
 
 def check_token(configured: str | None, authorization: str | None) -> None:
