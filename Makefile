@@ -33,7 +33,7 @@ test: $(VENV)/.dev
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy protocol producer consumer inferq
+	$(BIN)/mypy protocol runtime producer consumer inferq
 
 ## bench-core: the issue #2 benchmark (digits through inferq up vs in-process)
 bench-core: $(VENV)/.dev

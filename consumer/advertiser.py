@@ -13,10 +13,10 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from inferq.aio import cancelling
-from inferq.connections import RedisClock
 from protocol.keys import Keys
 from protocol.registry import WorkerInfo
+from runtime.aio import cancelling
+from runtime.connections import RedisClock
 
 log = structlog.get_logger("inferq.worker")
 

@@ -27,11 +27,11 @@ from redis.exceptions import RedisError
 from consumer.backends import Backend, BackendError
 from consumer.batcher import BatchPolicy
 from consumer.repository import ModelConfig, RepositoryError, load_config
-from inferq.aio import cancelling
 from protocol import ProtocolError
 from protocol.control import COMMAND_FIELD, Command, LoadReport, Op, VersionPolicy
 from protocol.envelope import decode_hash
 from protocol.keys import Keys
+from runtime.aio import cancelling
 
 if TYPE_CHECKING:
     from consumer.model import ServedModel

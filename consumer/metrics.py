@@ -33,8 +33,8 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
-import inferq
-from inferq.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, new_registry
+import runtime
+from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, new_registry
 
 DEFAULT_METRICS_PORT = 9100
 """``--metrics-port`` default; 0 turns the endpoint off."""
@@ -154,7 +154,7 @@ class WorkerMetrics:
         )
 
     def set_info(self, worker_id: str) -> None:
-        self.info.info({"worker": worker_id, "version": inferq.__version__})
+        self.info.info({"worker": worker_id, "version": runtime.__version__})
 
     def track_held(self, count: Callable[[], int]) -> None:
         """Read the held-entry count at scrape time (``Worker.holding``)."""

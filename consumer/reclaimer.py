@@ -34,8 +34,8 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError, ResponseError
 
-from inferq.aio import cancelling
 from protocol.keys import GROUP
+from runtime.aio import cancelling
 
 if TYPE_CHECKING:
     from consumer.worker import Worker

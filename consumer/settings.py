@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from inferq.connections import RedisSettings
+from runtime.connections import RedisSettings
 
 
 def default_worker_id() -> str:

@@ -42,13 +42,13 @@ from consumer.reclaimer import Reclaimer
 from consumer.repository import ModelConfig, RepositoryError, list_models, load_config
 from consumer.settings import WorkerSettings
 from consumer.writer import JobUpdate, Outgoing, ResultWriter
-from inferq.aio import cancelling
-from inferq.connections import RedisClock, blocking_client, command_client, redact
 from protocol import ProtocolError
 from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status, Timings
 from protocol.registry import WorkerInfo
+from runtime.aio import cancelling
+from runtime.connections import RedisClock, blocking_client, command_client, redact
 
 log = structlog.get_logger("inferq.worker")
 

@@ -25,10 +25,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumer.metrics import WorkerMetrics
-from inferq.aio import cancelling
 from protocol.jobs import JobStatus
 from protocol.keys import GROUP
 from protocol.messages import FIELD
+from runtime.aio import cancelling
 
 log = structlog.get_logger("inferq.worker")
 

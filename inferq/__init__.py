@@ -1,8 +1,10 @@
-"""inferq: queue-driven distributed inference over Redis Streams.
+"""The ``inferq`` command line, the top layer: ``up``, ``gateway``, ``worker``, ``lag``,
+``dlq``, ``models`` and ``loadgen``.
 
-This package holds what both processes share at run time (Redis connections, the Redis clock,
-logging set-up) and the ``inferq`` command line. The wire contract lives in ``protocol``, the
-gateway in ``producer`` and the workers in ``consumer``.
+The wire contract lives in ``protocol``, the shared run-time pieces in ``runtime``, the gateway in
+``producer`` and the workers in ``consumer``; this package wires them into processes.
 """
 
-__version__ = "0.1.0"
+from runtime import __version__
+
+__all__ = ["__version__"]

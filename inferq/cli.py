@@ -19,7 +19,7 @@ from typing import Any
 
 import inferq
 from inferq.argtypes import non_negative_float, positive_int
-from inferq.connections import RedisSettings
+from runtime.connections import RedisSettings
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 EXIT_OK = 0
@@ -318,9 +318,9 @@ def _redis_settings(args: argparse.Namespace) -> RedisSettings:
 def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from inferq.logging import configure
     from producer.app import create_app
     from producer.settings import GatewaySettings
+    from runtime.logging import configure
 
     configure(args.log_level)
     settings = GatewaySettings(
@@ -356,7 +356,7 @@ def run_worker(args: argparse.Namespace) -> int:
     from consumer.repository import RepositoryError
     from consumer.settings import WorkerSettings
     from consumer.worker import MetricsPortError, Worker
-    from inferq.logging import configure
+    from runtime.logging import configure
 
     configure(args.log_level)
     settings = WorkerSettings(

@@ -18,10 +18,10 @@ from typing import Any, cast
 
 import redis
 
-from inferq.connections import redact
 from protocol import ProtocolError
 from protocol.keys import Keys
 from protocol.messages import FIELD, InferRequest
+from runtime.connections import redact
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

@@ -19,10 +19,10 @@ from typing import Any, TextIO, cast
 
 import redis
 
-from inferq.connections import redact
 from producer.registry import ModelEntry, merge, parse_snapshot, queue_snapshot, status_lines
 from protocol.control import LoadReport
 from protocol.keys import Keys
+from runtime.connections import redact
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1

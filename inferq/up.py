@@ -21,8 +21,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from inferq.connections import redact
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
+from runtime.connections import redact
 
 EXIT_OK = 0
 EXIT_FAILED = 1

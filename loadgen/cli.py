@@ -25,7 +25,6 @@ from typing import Any
 
 import numpy as np
 
-from inferq.argtypes import non_negative_int, positive_int
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPClientError, HTTPConnection, parse_url
 from loadgen.http import run as run_loop
@@ -58,6 +57,23 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+
+
+def _int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``minimum`` (loadgen is an outside client and
+    imports none of the product, so not ``inferq.argtypes``)."""
+
+    def parse(raw: str) -> int:
+        value = int(raw)
+        if value < minimum:
+            raise ValueError(raw)
+        return value
+
+    return parse
+
+
+positive_int = _int_at_least(1)
+non_negative_int = _int_at_least(0)
 
 EXAMPLES = """\
 examples:

@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-import inferq
+import runtime
 from producer.errors import (
     BadRequest,
     GatewayError,
@@ -132,7 +132,9 @@ async def ready(request: Request) -> Response:
 
 
 async def server_metadata(request: Request) -> Response:
-    return JSONResponse({"name": "inferq", "version": inferq.__version__, "extensions": EXTENSIONS})
+    return JSONResponse(
+        {"name": "inferq", "version": runtime.__version__, "extensions": EXTENSIONS}
+    )
 
 
 def _spec(spec: Any) -> dict[str, Any]:

@@ -14,8 +14,6 @@ from typing import Any
 import structlog
 from redis.exceptions import RedisError
 
-from inferq.aio import cancelling
-from inferq.connections import RedisClock, blocking_client, command_client, redact
 from producer.admin import ModelAdmin
 from producer.errors import ServiceUnavailable
 from producer.jobs import JobService
@@ -26,6 +24,8 @@ from producer.replies import ReplyListener
 from producer.service import InferenceService
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
+from runtime.aio import cancelling
+from runtime.connections import RedisClock, blocking_client, command_client, redact
 
 log = structlog.get_logger("inferq.gateway")
 

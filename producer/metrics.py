@@ -20,7 +20,7 @@ here once, with its help text and fixed label names. Who calls what:
   background tasks and stopped in ``Gateway.stop``.
 
 Stream gauges (length, lag, pending, live consumers, oldest pending age, dead letters) come from
-``inferq.lag.collect`` every ``interval_s`` (5 s), not per scrape, so a scrape storm costs Redis
+``runtime.lag.collect`` every ``interval_s`` (5 s), not per scrape, so a scrape storm costs Redis
 nothing. Every gateway exports them: aggregate with ``max by (model, lane)``, never ``sum``.
 """
 
@@ -37,10 +37,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from redis.exceptions import RedisError
 from starlette.responses import Response
 
-from inferq.aio import cancelling
-from inferq.lag import LagError, collect, dead_letters
-from inferq.metrics import BYTES_BUCKETS, LATENCY_BUCKETS, exposition, new_registry
 from protocol.keys import Keys
+from runtime.aio import cancelling
+from runtime.lag import LagError, collect, dead_letters
+from runtime.metrics import BYTES_BUCKETS, LATENCY_BUCKETS, exposition, new_registry
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -237,7 +237,7 @@ def metrics_response(registry: CollectorRegistry, accept: str | None = None) -> 
 
 
 class StreamGauges:
-    """Keeps the stream gauges of ``GatewayMetrics`` current: ``inferq.lag.collect`` (without
+    """Keeps the stream gauges of ``GatewayMetrics`` current: ``runtime.lag.collect`` (without
     ``SCAN``) and the dead-letter lengths every ``interval_s``.
 
     Owned by the gateway: ``start`` after Redis clients exist, ``stop`` on shutdown. A failed

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import inferq
+import runtime
 from protocol.tensor import DATATYPES
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
@@ -338,7 +338,7 @@ def document() -> dict[str, Any]:
         "openapi": "3.0.3",
         "info": {
             "title": "inferq",
-            "version": inferq.__version__,
+            "version": runtime.__version__,
             "description": "Open Inference Protocol (KServe V2) over Redis Streams, "
             "with async jobs.",
         },

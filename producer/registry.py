@@ -17,13 +17,13 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from inferq.aio import cancelling
-from inferq.connections import RedisClock
 from protocol import ProtocolError
 from protocol.control import LoadReport, VersionPolicy, version_order
 from protocol.envelope import decode_hash
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.registry import ModelMetadata, WorkerInfo
+from runtime.aio import cancelling
+from runtime.connections import RedisClock
 
 log = structlog.get_logger("inferq.gateway")
 

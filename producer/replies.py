@@ -21,9 +21,9 @@ import structlog
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from inferq.aio import cancelling
 from protocol import ProtocolError
 from protocol.messages import FIELD, InferResult
+from runtime.aio import cancelling
 
 log = structlog.get_logger("inferq.gateway")
 

@@ -20,7 +20,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from inferq.connections import RedisClock
 from producer.admission import ServiceTime, decide
 from producer.breaker import Breaker
 from producer.errors import (
@@ -43,6 +42,7 @@ from protocol.cachekey import digest
 from protocol.keys import Keys, Lane, is_valid_name
 from protocol.messages import FIELD, InferRequest, InferResult, Status
 from protocol.registry import ModelMetadata
+from runtime.connections import RedisClock
 
 log = structlog.get_logger("inferq.gateway")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from inferq.connections import RedisSettings
+from runtime.connections import RedisSettings
 
 
 def default_gateway_id() -> str:

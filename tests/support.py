@@ -17,7 +17,6 @@ import uvicorn
 
 from consumer.settings import WorkerSettings
 from consumer.worker import Worker
-from inferq.connections import RedisSettings
 from inferq.redisserver import free_port
 from producer.app import create_app
 from producer.gateway import Gateway
@@ -25,6 +24,7 @@ from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from protocol.messages import InferRequest
 from protocol.tensor import Tensor
+from runtime.connections import RedisSettings
 
 START_TIMEOUT_S = 20.0
 

@@ -8,9 +8,9 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-import inferq
+import runtime
 from consumer.metrics import MetricsServer, WorkerMetrics
-from inferq.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
+from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
 
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_requests_total": ("counter", ("model", "version", "status")),
@@ -115,7 +115,7 @@ def test_a_batch_records_its_size_rows_inference_time_and_each_requests_wait():
     assert sample(m, "inferq_worker_expired_total", model="digits") == 4
     assert sample(m, "inferq_worker_reclaimed_total", model="digits") == 8
     assert sample(m, "inferq_worker_held_entries") == 5
-    assert sample(m, "inferq_worker_info", worker="host-1-abc", version=inferq.__version__) == 1
+    assert sample(m, "inferq_worker_info", worker="host-1-abc", version=runtime.__version__) == 1
 
 
 def test_label_values_stay_in_their_fixed_sets():

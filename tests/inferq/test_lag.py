@@ -15,9 +15,9 @@ import redis
 import redis.asyncio as aioredis
 
 from inferq import lag
-from inferq.lag import DrainEstimator, LagSource, LaneLag, collect, dead_letters, estimate
 from inferq.redisserver import free_port
 from protocol.keys import GROUP, Keys, Lane
+from runtime.lag import DrainEstimator, LagSource, LaneLag, collect, dead_letters, estimate
 
 pytestmark = pytest.mark.integration
 

@@ -9,7 +9,7 @@ import json
 import structlog
 
 from inferq.cli import main
-from inferq.logging import configure
+from runtime.logging import configure
 from tests.support import sim_body, wait_until
 
 

@@ -84,7 +84,7 @@ def test_serving_the_whole_repository_skips_a_model_that_cannot_load(
     from consumer.repository import RepositoryError
     from consumer.settings import WorkerSettings
     from consumer.worker import Worker
-    from inferq.connections import RedisSettings
+    from runtime.connections import RedisSettings
     from tests.conftest import DIGITS
     from tests.support import Stack
 

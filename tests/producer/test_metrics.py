@@ -19,10 +19,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from inferq.metrics import BYTES_BUCKETS, LATENCY_BUCKETS
 from inferq.redisserver import free_port
 from producer.metrics import GatewayMetrics, StreamGauges, metrics_response
 from protocol.keys import GROUP, Keys, Lane
+from runtime.metrics import BYTES_BUCKETS, LATENCY_BUCKETS
 
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_gateway_requests_total": ("counter", ("model", "version", "endpoint", "status")),

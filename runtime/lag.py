@@ -1,0 +1,372 @@
+"""The backlog of every model's request streams, read from Redis: what the gateway's stream
+gauges and ``inferq lag`` both show.
+
+One ``LaneLag`` per model and lane (``{ns}:stream:{model}:{high|normal|low}``, consumer group
+``workers``): LENGTH (``XLEN``), LAG (entries no worker has read; Redis 7's ``XINFO GROUPS``
+``lag``, else worked out another way and marked estimated, see ``LagSource``), PENDING (read by a
+worker and not yet acknowledged), CONSUMERS (live workers in the group) and the age of the oldest
+pending entry. ``DrainEstimator`` turns two samples into drain rates and an ETA.
+
+Models come from the ``{ns}:models`` hash and, unless ``scan=False``, from a ``SCAN`` for
+``{ns}:stream:*`` keys. One collection costs two or three round trips: discovery, one pipeline of
+``TIME``, the workers zset and four commands per stream, and ``XINFO STREAM`` only for streams
+whose lag Redis could not give.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name
+
+
+class LagError(Exception):
+    """Redis answered something ``inferq lag`` cannot read (a key of the wrong type...)."""
+
+
+class LagSource(StrEnum):
+    """Where a LAG figure comes from. Only the last two are estimates."""
+
+    XINFO = "xinfo"
+    """``XINFO GROUPS`` ``lag`` (Redis 7): exact."""
+    NO_GROUP = "no-group"
+    """No consumer group yet (no worker ever served the model): every entry is unread, XLEN."""
+    CAUGHT_UP = "caught-up"
+    """The group has read up to the stream's last id: 0."""
+    UNREAD = "unread"
+    """The group's last-read id is before the first entry still in the stream: XLEN."""
+    ENTRIES_READ = "entries-read"
+    """Estimate: entries ever added minus entries the group read; counts deleted entries too,
+    so it can only be too high (capped at XLEN)."""
+    XLEN = "xlen"
+    """Estimate: XLEN minus pending, when Redis knows neither lag nor entries read (entries
+    deleted mid-stream); too high by the acknowledged entries not yet trimmed."""
+
+
+EXACT_SOURCES = frozenset(
+    {LagSource.XINFO, LagSource.NO_GROUP, LagSource.CAUGHT_UP, LagSource.UNREAD}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LaneLag:
+    """The consumer group's position on one request stream, sampled at ``sampled_ms``."""
+
+    model: str
+    lane: Lane
+    stream: str
+    length: int
+    lag: int
+    lag_source: LagSource
+    pending: int
+    consumers: int
+    """Live workers in the group (heartbeat current)."""
+    consumers_registered: int
+    """Every consumer the group knows, dead workers included."""
+    oldest_pending_ms: int | None
+    """Age of the oldest pending entry since it was enqueued; None when nothing is pending."""
+    entries_read: int | None
+    """The group's entries-read counter (Redis 7); None when Redis cannot tell."""
+    sampled_ms: int
+    """Redis-clock time of the sample."""
+
+    @property
+    def backlog(self) -> int:
+        return self.lag + self.pending
+
+    @property
+    def lag_exact(self) -> bool:
+        return self.lag_source in EXACT_SOURCES
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """How fast one lane's backlog goes, from two samples."""
+
+    read_per_s: float
+    """Entries the group read per second (entries-read delta over time)."""
+    arrival_per_s: float
+    """Entries added per second (entries read plus lag, delta over time)."""
+    eta_s: float | None
+    """Backlog over (reads minus arrivals); 0 with no backlog; None when it is not shrinking."""
+
+
+class DrainEstimator:
+    """Drain rates from consecutive samples of the same lanes; pure (times come in the samples).
+
+    A rate needs the group's entries-read counter in both samples and an exact lag (arrivals are
+    derived from entries read plus lag); without them, or after the counter went backwards (Redis
+    restarted, the group was recreated), the lane has no estimate until the next sample.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, Lane], LaneLag] = {}
+
+    def update(self, lanes: Iterable[LaneLag]) -> dict[tuple[str, Lane], Drain]:
+        drains: dict[tuple[str, Lane], Drain] = {}
+        for lane in lanes:
+            key = (lane.model, lane.lane)
+            before = self._last.get(key)
+            self._last[key] = lane
+            if before is None:
+                continue
+            drain = estimate(before, lane)
+            if drain is not None:
+                drains[key] = drain
+        return drains
+
+
+def estimate(before: LaneLag, after: LaneLag) -> Drain | None:
+    """The drain between two samples of one lane, or None when they cannot tell."""
+    dt_s = (after.sampled_ms - before.sampled_ms) / 1000
+    if dt_s <= 0 or before.entries_read is None or after.entries_read is None:
+        return None
+    if not (before.lag_exact and after.lag_exact):
+        return None
+    read = after.entries_read - before.entries_read
+    added = (after.entries_read + after.lag) - (before.entries_read + before.lag)
+    if read < 0 or added < 0:
+        return None
+    read_per_s, arrival_per_s = read / dt_s, added / dt_s
+    net = read_per_s - arrival_per_s
+    if after.backlog == 0:
+        eta: float | None = 0.0
+    elif net > 0:
+        eta = after.backlog / net
+    else:
+        eta = None
+    return Drain(read_per_s, arrival_per_s, eta)
+
+
+# -- collection ------------------------------------------------------------------------------
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _id_ms(entry_id: Any) -> int:
+    return int(_text(entry_id).partition("-")[0])
+
+
+def _id_tuple(entry_id: Any) -> tuple[int, int]:
+    ms, _, seq = _text(entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _glob_escape(text: str) -> str:
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def _missing(reply: Any) -> bool:
+    """A per-command error that only means the stream or its group does not exist (yet)."""
+    if not isinstance(reply, ResponseError):
+        return False
+    text = str(reply).lower()
+    return "no such key" in text or "nogroup" in text
+
+
+def _checked(reply: Any, what: str) -> Any:
+    if isinstance(reply, Exception):
+        if isinstance(reply, ResponseError):
+            raise LagError(f"{what}: {reply}") from reply
+        raise reply
+    return reply
+
+
+async def discover_models(redis: aioredis.Redis, keys: Keys, *, scan: bool = True) -> list[str]:
+    """Model names from the ``{ns}:models`` hash and, with ``scan``, existing request streams.
+
+    ``SCAN`` walks the whole keyspace (result and cache keys included), so the periodic gauges
+    skip it: every model the gateway accepts requests for is in the hash anyway.
+    """
+    names = {_text(n) for n in await redis.hkeys(keys.models)}
+    if scan:
+        pattern = _glob_escape(f"{keys.namespace}:stream:") + "*"
+        async for key in redis.scan_iter(match=pattern, count=1000, _type="stream"):
+            parsed = keys.parse_stream(_text(key))
+            if parsed is not None:
+                names.add(parsed[0])
+    return sorted(n for n in names if is_valid_name(n))
+
+
+async def collect(
+    redis: aioredis.Redis,
+    keys: Keys,
+    clock_now_ms: Callable[[], int] | None = None,
+    *,
+    scan: bool = True,
+    models: Sequence[str] | None = None,
+) -> list[LaneLag]:
+    """One ``LaneLag`` per lane of every model (discovered unless ``models`` is given).
+
+    ``clock_now_ms`` gives the Redis clock (``RedisClock.now_ms`` in a gateway, a fixed value
+    in tests); without it the collector uses Redis ``TIME`` from the same round trip. Connection
+    errors propagate; a reply it cannot read raises ``LagError``.
+    """
+    if models is None:
+        models = await discover_models(redis, keys, scan=scan)
+    if not models:
+        return []
+    lanes = [(m, lane, keys.stream(m, lane)) for m in models for lane in LANES_BY_PRIORITY]
+    pipe = redis.pipeline(transaction=False)
+    pipe.time()
+    pipe.zrange(keys.workers, 0, -1, withscores=True)
+    for _, _, stream in lanes:
+        pipe.xlen(stream)
+        pipe.xinfo_groups(stream)
+        pipe.xpending(stream, GROUP)
+        pipe.xinfo_consumers(stream, GROUP)
+    replies = await pipe.execute(raise_on_error=False)
+    seconds, micros = _checked(replies[0], "TIME")
+    now = clock_now_ms() if clock_now_ms else int(seconds) * 1000 + int(micros) // 1000
+    live = {_text(w) for w, expiry in _checked(replies[1], keys.workers) if expiry >= now}
+    rows: list[LaneLag] = []
+    unknown: dict[int, Any] = {}  # row index -> last-delivered id, where Redis gave no lag
+    for i, (model, lane, stream) in enumerate(lanes):
+        length_reply, groups, pending, consumers = replies[2 + 4 * i : 6 + 4 * i]
+        length = int(_checked(length_reply, f"XLEN {stream}"))
+        group = None
+        if not _missing(groups):
+            listed = _checked(groups, f"XINFO GROUPS {stream}")
+            group = next((g for g in listed if _text(g["name"]) == GROUP), None)
+        if group is None:
+            rows.append(
+                LaneLag(
+                    model=model,
+                    lane=lane,
+                    stream=stream,
+                    length=length,
+                    lag=length,
+                    lag_source=LagSource.NO_GROUP,
+                    pending=0,
+                    consumers=0,
+                    consumers_registered=0,
+                    oldest_pending_ms=None,
+                    entries_read=None,
+                    sampled_ms=now,
+                )
+            )
+            continue
+        summary = _checked(pending, f"XPENDING {stream}")
+        members = [] if _missing(consumers) else _checked(consumers, f"XINFO CONSUMERS {stream}")
+        oldest = summary["min"]
+        lag = group.get("lag")
+        entries_read = group.get("entries-read")
+        if lag is None:
+            unknown[len(rows)] = group["last-delivered-id"]
+        rows.append(
+            LaneLag(
+                model=model,
+                lane=lane,
+                stream=stream,
+                length=length,
+                lag=int(lag) if lag is not None else 0,
+                lag_source=LagSource.XINFO,
+                pending=int(summary["pending"]),
+                consumers=sum(1 for c in members if _text(c["name"]) in live),
+                consumers_registered=len(members),
+                oldest_pending_ms=max(0, now - _id_ms(oldest)) if oldest is not None else None,
+                entries_read=int(entries_read) if entries_read is not None else None,
+                sampled_ms=now,
+            )
+        )
+    if unknown:
+        await _estimate_lags(redis, rows, unknown)
+    return rows
+
+
+async def _estimate_lags(
+    redis: aioredis.Redis, rows: list[LaneLag], unknown: dict[int, Any]
+) -> None:
+    """Fill in the lag of rows where Redis gave none (entries deleted within the unread range):
+    exact where the group has read everything or nothing still in the stream, else estimated."""
+    pipe = redis.pipeline(transaction=False)
+    for i in unknown:
+        pipe.xinfo_stream(rows[i].stream)
+    infos = await pipe.execute(raise_on_error=False)
+    for (i, last_delivered), info in zip(unknown.items(), infos, strict=True):
+        row = rows[i]
+        delivered = _id_tuple(last_delivered)
+        lag, source = row.length - row.pending, LagSource.XLEN
+        if not _missing(info):
+            info = _checked(info, f"XINFO STREAM {row.stream}")
+            first = info.get("first-entry")
+            last_generated = info.get("last-generated-id")
+            if row.length == 0 or (
+                last_generated is not None and delivered >= _id_tuple(last_generated)
+            ):
+                lag, source = 0, LagSource.CAUGHT_UP
+            elif first is not None and delivered < _id_tuple(first[0]):
+                lag, source = row.length, LagSource.UNREAD
+            elif row.entries_read is not None and info.get("entries-added") is not None:
+                lag = int(info["entries-added"]) - row.entries_read
+                source = LagSource.ENTRIES_READ
+        rows[i] = replace(row, lag=max(0, min(lag, row.length)), lag_source=source)
+
+
+async def dead_letters(redis: aioredis.Redis, keys: Keys, models: Iterable[str]) -> dict[str, int]:
+    """Length of each model's dead-letter stream ``{ns}:dlq:{model}`` (0 when it does not exist)."""
+    names = sorted(set(models))
+    if not names:
+        return {}
+    pipe = redis.pipeline(transaction=False)
+    for name in names:
+        pipe.xlen(keys.dlq(name))
+    return {n: int(v) for n, v in zip(names, await pipe.execute(), strict=True)}
+
+
+# -- rollups and rendering -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelLag:
+    """One model's lanes summed (consumers: the most live in any lane)."""
+
+    model: str
+    length: int
+    lag: int
+    pending: int
+    consumers: int
+    oldest_pending_ms: int | None
+    dead_letters: int
+    lag_exact: bool
+
+    @property
+    def backlog(self) -> int:
+        return self.lag + self.pending
+
+
+def by_model(lanes: Sequence[LaneLag], dlq: Mapping[str, int]) -> list[ModelLag]:
+    grouped: dict[str, list[LaneLag]] = {}
+    for lane in lanes:
+        grouped.setdefault(lane.model, []).append(lane)
+    out = []
+    for model, rows in grouped.items():
+        ages = [r.oldest_pending_ms for r in rows if r.oldest_pending_ms is not None]
+        out.append(
+            ModelLag(
+                model=model,
+                length=sum(r.length for r in rows),
+                lag=sum(r.lag for r in rows),
+                pending=sum(r.pending for r in rows),
+                consumers=max(r.consumers for r in rows),
+                oldest_pending_ms=max(ages) if ages else None,
+                dead_letters=dlq.get(model, 0),
+                lag_exact=all(r.lag_exact for r in rows),
+            )
+        )
+    return out
+
+
+def above(models: Sequence[ModelLag], threshold: int | None) -> list[ModelLag]:
+    """Models whose backlog (lag + pending over their lanes) is above ``threshold``."""
+    if threshold is None:
+        return []
+    return [m for m in models if m.backlog > threshold]
