@@ -61,6 +61,10 @@ class RedisServer:
         self._dir: tempfile.TemporaryDirectory[str] | None = None
 
     @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    @property
     def url(self) -> str:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
