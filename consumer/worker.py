@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
+from redis.exceptions import MovedError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumer.advertiser import Advertiser
@@ -44,11 +44,21 @@ from consumer.settings import WorkerSettings
 from consumer.writer import JobUpdate, Outgoing, ResultWriter
 from protocol import ProtocolError
 from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
-from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, hash_tag
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status, Timings
 from protocol.registry import WorkerInfo
 from runtime.aio import cancelling
-from runtime.connections import RedisClock, blocking_client, command_client, redact
+from runtime.cluster import GatedCluster, node_options, queue_script
+from runtime.connections import (
+    RedisClock,
+    RedisSettings,
+    blocking_client,
+    command_client,
+    is_cluster_redirect,
+    redact,
+    resolve,
+)
+from runtime.readconn import BlockingReads, ReadConnection, SlotReadConnection
 
 log = structlog.get_logger("inferq.worker")
 
@@ -92,15 +102,19 @@ class ModelSlot:
 
     def __init__(self, model: ServedModel, keys: Keys) -> None:
         self.model = model
-        self.streams = keys.streams(model.name)
-        self.lane_of = {s: i for i, s in enumerate(self.streams)}
+        self.streams = keys.all_streams(model.name, model.config.partitions)
+        """Every partition's lanes, each partition highest lane first."""
+        lanes = len(LANES_BY_PRIORITY)
+        self.lane_of = {s: i % lanes for i, s in enumerate(self.streams)}
         self.queue: BatchQueue[Delivery] = BatchQueue(
             lanes=len(LANES_BY_PRIORITY), background_from=LANES_BY_PRIORITY.index(Lane.LOW)
         )
         self.policy = BatchPolicy(model.max_batch, model.flush_s)
         self.read_ids = dict.fromkeys(self.streams, "0")
         """'0' first: drain entries this consumer already holds from an earlier life."""
-        self.drained = False
+        self.drained_in: dict[str, bool] = {}
+        """Per read group (see ``ReadGroup``) reading some of these streams: whether its last
+        read found them drained. One group on one Redis; one per partition on a cluster."""
         self.busy = False
         self.changed = asyncio.Event()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{model.name}")
@@ -125,6 +139,11 @@ class ModelSlot:
             return max(1, self.model.max_batch // BACKGROUND_BATCH_DIVISOR)
         return self.model.max_batch
 
+    @property
+    def drained(self) -> bool:
+        """Nothing more queued in Redis as far as the last reads of every group know."""
+        return bool(self.drained_in) and all(self.drained_in.values())
+
     def reading_backlog(self) -> bool:
         """Still paging through entries delivered to this consumer earlier (its pending list)."""
         return any(i != ">" for i in self.read_ids.values())
@@ -132,6 +151,26 @@ class ModelSlot:
     def needs_prompt_read(self) -> bool:
         """Idle with a partial batch and more possibly queued: read without blocking."""
         return not self.busy and len(self.queue) > 0 and not self.drained
+
+
+@dataclass(eq=False)
+class ReadGroup:
+    """Request streams one ``XREADGROUP`` may read together, with the connection it blocks on.
+
+    On one Redis that is every stream of every served model: one reader, one blocking
+    connection, as many models as it serves. On a Redis Cluster one command may only name keys
+    of one slot, so there is one group per model partition (its three lanes share a hash tag):
+    a reader and a blocking connection each, to the master of that slot. Redis cannot block on
+    keys of several slots with one command, so a node holding several of a worker's partitions
+    gets one blocking connection per partition from it (``protocol.keys`` explains the tags).
+    """
+
+    name: str
+    streams: frozenset[str]
+    reads: BlockingReads
+    client_id: int | None = None
+    blocking_on: frozenset[str] | None = None
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class MetricsPortError(RuntimeError):
@@ -151,14 +190,12 @@ class Worker:
         self.started = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._reader_wake = asyncio.Event()
-        self._blocking_on: frozenset[str] | None = None
+        self.groups: list[ReadGroup] = []
+        self._cluster = False
         self._draining = False
         self._held: dict[tuple[str, bytes], float] = {}
         """(stream, entry id) of every entry read and not yet acknowledged."""
-        self._reader_client_id: int | None = None
         self._redis: aioredis.Redis | None = None
-        self._reader: aioredis.Redis | None = None
         self._control_reader: aioredis.Redis | None = None
         self.control: ModelControl | None = None
         self._started_ms = 0
@@ -198,12 +235,11 @@ class Worker:
                 configs[n] = load_config(s.model_repository, n)
             except RepositoryError as e:
                 self._skip(n, e)
-        self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
-        self._reader = blocking_client(
-            s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
-        )
+        redis_settings = await resolve(s.redis)
+        self._cluster = bool(redis_settings.cluster)
+        self._redis = command_client(redis_settings, name=f"inferq-worker-{self.id}")
         self._control_reader = blocking_client(
-            s.redis, name=f"inferq-worker-control-{self.id}", block_s=s.block_ms / 1000
+            redis_settings, name=f"inferq-worker-control-{self.id}", block_s=s.block_ms / 1000
         )
         await self.clock.sync(self._redis)
         self.control = ModelControl(
@@ -250,6 +286,7 @@ class Worker:
                     f"cannot serve metrics on port {s.metrics_port}: {e}; pick another with "
                     "--metrics-port, or 0 to turn them off"
                 ) from e
+        self.groups = self._read_groups(redis_settings)
         await self._ensure_groups()
         self._started_ms = self.clock.now_ms()
         info = self._info()
@@ -276,7 +313,8 @@ class Worker:
         await self.control.report_started()
         await self.control.catch_up()
         self._spawn(self._writer.run(), "writer")
-        self._spawn(self._read_loop(), "reader")
+        for group in self.groups:
+            self._spawn(self._read_loop(group), f"reader-{group.name}")
         for slot in self.slots.values():
             self._spawn(self._dispatch_loop(slot), f"dispatch-{slot.model.name}")
         self._spawn(self._advertiser.run(), "heartbeat")
@@ -301,8 +339,8 @@ class Worker:
         """Stop reading, finish queued and running batches (up to the drain timeout), publish
         their results, withdraw, close."""
         log.info("worker stopping", worker=self.id)
-        reader = [t for t in self._tasks if t.get_name() == "reader"]
-        await _cancel(reader)
+        readers = [t for t in self._tasks if t.get_name().startswith("reader")]
+        await _cancel(readers)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drain(), self.settings.drain_timeout_s)
         await _cancel(list(self._tasks))
@@ -313,8 +351,8 @@ class Worker:
                 if self._advertiser is not None:
                     await self._advertiser.withdraw()
             await self._redis.aclose()
-        if self._reader is not None:
-            await self._reader.aclose()
+        for group in self.groups:
+            await group.reads.aclose()
         if self._control_reader is not None:
             await self._control_reader.aclose()
         for slot in self.slots.values():
@@ -371,6 +409,39 @@ class Worker:
             log.error("worker task crashed", task=task.get_name(), exc_info=task.exception())
             self.request_stop()
 
+    # -- reading ---------------------------------------------------------------------------
+
+    def _read_groups(self, redis_settings: RedisSettings) -> list[ReadGroup]:
+        """The read groups of the served streams (see ``ReadGroup``)."""
+        s = self.settings
+        block_s = s.block_ms / 1000
+        assert self._redis is not None
+        if not self._cluster:
+            reader = blocking_client(
+                redis_settings, name=f"inferq-worker-reader-{self.id}", block_s=block_s
+            )
+            streams = frozenset(st for slot in self.slots.values() for st in slot.streams)
+            return [ReadGroup("all", streams, ReadConnection(reader, self._redis))]
+        tagged: dict[str, set[str]] = {}
+        for slot in self.slots.values():
+            for stream in slot.streams:
+                tagged.setdefault(hash_tag(stream), set()).add(stream)
+        return [
+            ReadGroup(
+                tag,
+                frozenset(streams),
+                SlotReadConnection(
+                    cast(GatedCluster, self._redis),
+                    next(iter(streams)),
+                    name=f"inferq-worker-reader-{self.id}",
+                    socket_timeout_s=block_s + redis_settings.socket_timeout_s,
+                    connect_timeout_s=redis_settings.connect_timeout_s,
+                    options=node_options(redis_settings.url),
+                ),
+            )
+            for tag, streams in tagged.items()
+        ]
+
     async def _ensure_groups(self) -> None:
         assert self._redis is not None
         for slot in self.slots.values():
@@ -382,61 +453,62 @@ class Worker:
                     if "BUSYGROUP" not in str(e):
                         raise
 
-    # -- reading ---------------------------------------------------------------------------
-
-    def _wanted(self) -> tuple[dict[str, str], int, bool]:
-        """Streams to read (with ids), entries per stream, and whether to block."""
+    def _wanted(self, group: ReadGroup) -> tuple[dict[str, str], int, bool]:
+        """The group's streams to read (with ids), entries per stream, and whether to block."""
         streams: dict[str, str] = {}
         count = 0
         prompt = False
         for slot in self.slots.values():
-            wanted = {s: slot.wanted_count(lane) for s, lane in slot.lane_of.items()}
-            included = [s for s, n in wanted.items() if n > 0]
-            if not included:
-                slot.drained = False  # not read: what is queued in Redis is unknown
+            mine = [st for st in slot.streams if st in group.streams]
+            if not mine:
                 continue
-            streams.update({s: slot.read_ids[s] for s in included})
-            count = max(count, *(wanted[s] for s in included))
+            wanted = {st: slot.wanted_count(slot.lane_of[st]) for st in mine}
+            included = [st for st, n in wanted.items() if n > 0]
+            if not included:
+                slot.drained_in[group.name] = False  # not read: what is queued is unknown
+                continue
+            streams.update({st: slot.read_ids[st] for st in included})
+            count = max(count, *(wanted[st] for st in included))
             prompt = prompt or slot.needs_prompt_read() or slot.reading_backlog()
         return streams, count, not prompt
 
     def _wake_reader(self) -> None:
-        """A model's wants changed: make sure the reader is not blocked on the old ones."""
-        self._reader_wake.set()
-        if self._blocking_on is None or self._reader_client_id is None:
-            return
-        streams, _, _ = self._wanted()
-        if not set(streams) <= self._blocking_on:
-            self._blocking_on = None
-            self._spawn(self._unblock_reader(self._reader_client_id), "unblock")
+        """A model's wants changed: make sure no reader is blocked on the old ones."""
+        for group in self.groups:
+            group.wake.set()
+            if group.blocking_on is None or group.client_id is None:
+                continue
+            streams, _, _ = self._wanted(group)
+            if not set(streams) <= group.blocking_on:
+                group.blocking_on = None
+                self._spawn(self._unblock_reader(group, group.client_id), "unblock")
 
-    async def _unblock_reader(self, client_id: int) -> None:
-        assert self._redis is not None
+    async def _unblock_reader(self, group: ReadGroup, client_id: int) -> None:
         with contextlib.suppress(*_CONNECTION_ERRORS, ResponseError):
-            await self._redis.client_unblock(client_id)
+            await group.reads.unblock(client_id)
 
-    async def _read_loop(self) -> None:
-        assert self._reader is not None
+    async def _read_loop(self, group: ReadGroup) -> None:
         backoff = 0.05
         missing_groups = False
         while not cancelling():
-            streams, count, block = self._wanted()
+            streams, count, block = self._wanted(group)
             if not streams:
-                self._reader_wake.clear()
-                await self._reader_wake.wait()
+                group.wake.clear()
+                await group.wake.wait()
                 continue
             try:
                 if missing_groups:
                     await self._ensure_groups()
                     missing_groups = False
-                if self._reader_client_id is None:
-                    self._reader_client_id = int(await self._reader.client_id())
+                reader = await group.reads.connection()
+                if group.client_id is None:
+                    group.client_id = int(await reader.client_id())
                 if block:
-                    self._blocking_on = frozenset(streams)
+                    group.blocking_on = frozenset(streams)
                     for slot in self.slots.values():
-                        if slot.streams[0] in streams:
-                            slot.drained = True
-                reply: Any = await self._reader.xreadgroup(
+                        if any(st in streams for st in slot.streams):
+                            slot.drained_in[group.name] = True
+                reply: Any = await reader.xreadgroup(
                     GROUP,
                     self.id,
                     cast(Any, streams),
@@ -445,26 +517,44 @@ class Worker:
                 )
                 backoff = 0.05
             except ResponseError as e:
-                if "NOGROUP" not in str(e):
+                if "NOGROUP" in str(e):
+                    log.warning("consumer group missing (Redis restarted empty?), recreating")
+                    missing_groups = True
+                    continue
+                if not (self._cluster and is_cluster_redirect(e)):
                     raise
-                log.warning("consumer group missing (Redis restarted empty?), recreating")
-                missing_groups = True
+                # The slot moved (failover, resharding) or is between owners: read where it
+                # lives now, at once after a MOVED, else after a backoff.
+                log.info("read redirected, following the cluster", group=group.name, error=str(e))
+                await self._lost_read(group, e)
+                if not isinstance(e, MovedError):
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             except _CONNECTION_ERRORS as e:
                 log.warning("read failed, retrying", error=str(e), backoff_s=backoff)
-                self._reader_client_id = None
-                # Redis may have delivered entries whose reply never reached us: they sit in
-                # this consumer's pending list. Read that list again (skipping what we hold).
-                for slot in self.slots.values():
-                    slot.read_ids = dict.fromkeys(slot.streams, "0")
+                await self._lost_read(group, e)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
             finally:
-                self._blocking_on = None
-            self._deliver(reply or [], streams, count)
+                group.blocking_on = None
+            self._deliver(group, reply or [], streams, count)
 
-    def _deliver(self, reply: list[Any], asked: dict[str, str], count: int) -> None:
+    async def _lost_read(self, group: ReadGroup, error: BaseException) -> None:
+        """A read whose reply may be lost: reconnect (where the slot lives now), and read this
+        consumer's pending list again, since Redis may have delivered entries whose reply never
+        reached us (``accept`` skips what we already hold)."""
+        group.client_id = None
+        await group.reads.reset(error)
+        for slot in self.slots.values():
+            for stream in slot.streams:
+                if stream in group.streams:
+                    slot.read_ids[stream] = "0"
+
+    def _deliver(
+        self, group: ReadGroup, reply: list[Any], asked: dict[str, str], count: int
+    ) -> None:
         got: dict[str, int] = {}
         last_ids: dict[str, str] = {}
         for raw_stream, entries in reply:
@@ -474,15 +564,17 @@ class Worker:
                 last_ids[stream] = _text(entries[-1][0])
             self.accept(stream, entries)
         for slot in self.slots.values():
-            if slot.streams[0] not in asked:
+            mine = [st for st in slot.streams if st in group.streams]
+            if not any(st in asked for st in mine):
                 continue
-            for stream in slot.streams:
+            for stream in mine:
                 if stream in asked and asked[stream] != ">":
                     # Reading our own pending list: page through it, then switch to new entries.
                     done = got.get(stream, 0) < count
                     slot.read_ids[stream] = ">" if done else last_ids.get(stream, ">")
-            slot.drained = all(s in asked and got.get(s, 0) < count for s in slot.streams)
-            if slot.drained:
+            drained = all(st in asked and got.get(st, 0) < count for st in mine)
+            slot.drained_in[group.name] = drained
+            if drained:
                 slot.changed.set()
 
     def accept(
@@ -639,9 +731,9 @@ class Worker:
             return [q.item for q in batch]
         assert self._transition is not None
         try:
-            before = await self._transition(
-                keys=[self.keys.job(q.item.request.id) for q in jobs],
-                args=[
+            before = await self._transition_jobs(
+                [self.keys.job(q.item.request.id) for q in jobs],
+                [
                     JobStatus.QUEUED.value,
                     *transition_args(JobStatus.RUNNING, started_ms=self.clock.now_ms()),
                 ],
@@ -671,6 +763,24 @@ class Worker:
                 [Outgoing(q.item.stream, q.item.entry_id, None) for q in jobs if id(q) in skipped]
             )
         return [q.item for q in batch if id(q) not in skipped]
+
+    async def _transition_jobs(self, keys: list[str], args: list[Any]) -> list[Any]:
+        """Run the transition script over job records: one call on one Redis; on a cluster one
+        per slot (a script may only touch keys of one slot), in one pipeline."""
+        assert self._transition is not None and self._redis is not None
+        if not self._cluster:
+            return cast(list[Any], await self._transition(keys=keys, args=args))
+        by_tag: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            by_tag.setdefault(hash_tag(key), []).append(i)
+        pipe = self._redis.pipeline(transaction=False)
+        for indices in by_tag.values():
+            await queue_script(pipe, self._transition, [keys[i] for i in indices], args)
+        before: list[Any] = [None] * len(keys)
+        for indices, statuses in zip(by_tag.values(), await pipe.execute(), strict=True):
+            for i, status in zip(indices, statuses, strict=True):
+                before[i] = status
+        return before
 
     async def _run_batch(self, slot: ModelSlot, batch: list[Delivery]) -> None:
         loop = asyncio.get_running_loop()

@@ -29,6 +29,7 @@ from protocol.jobs import JobStatus
 from protocol.keys import GROUP
 from protocol.messages import FIELD
 from runtime.aio import cancelling
+from runtime.cluster import queue_script
 
 log = structlog.get_logger("inferq.worker")
 
@@ -172,8 +173,8 @@ class ResultWriter:
             if out.job is not None:
                 assert self._transition is not None
                 job = out.job
-                await self._transition(
-                    keys=[job.key], args=[job.required.value, *job.args], client=pipe
+                await queue_script(
+                    pipe, self._transition, [job.key], [job.required.value, *job.args]
                 )
                 pipe.pexpire(job.key, max(1, job.ttl_ms))
                 pipe.xadd(

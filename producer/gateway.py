@@ -25,7 +25,7 @@ from producer.service import InferenceService
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from runtime.aio import cancelling
-from runtime.connections import RedisClock, blocking_client, command_client, redact
+from runtime.connections import RedisClock, blocking_client, command_client, redact, resolve
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -40,9 +40,13 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        self.redis = command_client(s.redis, name=f"inferq-gateway-{s.gateway_id}")
+        redis_settings = await resolve(s.redis)
+        self.cluster = bool(redis_settings.cluster)
+        self.redis = command_client(redis_settings, name=f"inferq-gateway-{s.gateway_id}")
         self.reader = blocking_client(
-            s.redis, name=f"inferq-gateway-replies-{s.gateway_id}", block_s=s.reply_block_ms / 1000
+            redis_settings,
+            name=f"inferq-gateway-replies-{s.gateway_id}",
+            block_s=s.reply_block_ms / 1000,
         )
         self.pipeline = AutoPipeline(self.redis)
         self.registry = ModelRegistry(
@@ -55,12 +59,13 @@ class Gateway:
             block_ms=s.reply_block_ms,
             ttl_s=max(60.0, 6 * s.heartbeat_s),
             job_events=self.keys.job_events,
+            separate_job_events=self.cluster,
         )
         self.service = InferenceService(
             s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
         )
         self.metrics.track_waiters(lambda: self.replies.waiting)
-        self.jobs = JobService(s, self.service)
+        self.jobs = JobService(s, self.service, cluster=self.cluster)
         self.admin = ModelAdmin(s, self.keys, self.redis, self.registry)
         try:
             await self.clock.sync(self.redis)
@@ -74,6 +79,8 @@ class Gateway:
         await self.registry.refresh()
         self._spawn(self.replies.run(), "replies")
         self._spawn(self.replies.run_keepalive(s.heartbeat_s), "reply-keepalive")
+        if self.cluster:
+            self._spawn(self.replies.run_job_events(), "job-events")
         self._spawn(self.registry.run(), "registry")
         self._spawn(self._resync_clock(), "clock")
         gauges = StreamGauges(
@@ -84,6 +91,7 @@ class Gateway:
             "gateway started",
             gateway=s.gateway_id,
             redis=redact(s.redis.url),
+            cluster=self.cluster,
             models=sorted(self.registry.models),
         )
 

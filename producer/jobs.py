@@ -29,7 +29,7 @@ from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response, parse_infer_request
 from protocol import ProtocolError
 from protocol.jobs import TRANSITION_SCRIPT, JobRecord, JobStatus, transition_args
-from protocol.keys import Lane
+from protocol.keys import Lane, idempotency_tag
 from protocol.messages import FIELD, InferRequest, InferResult, Kind
 
 log = structlog.get_logger("inferq.gateway")
@@ -45,9 +45,13 @@ class Submitted:
     """True when an Idempotency-Key matched an earlier submission: no new job was made."""
 
 
-def new_job_id() -> str:
-    """128 random bits, URL-safe: unguessable, so a job id is its own access token."""
-    return secrets.token_urlsafe(16)
+def new_job_id(tag: str | None = None) -> str:
+    """22 URL-safe characters, unguessable, so a job id is its own access token: 128 random
+    bits; or, for a submission with an Idempotency-Key, that key's hash tag (JOB_TAG_CHARS
+    characters, so the record shares a slot with the key, see ``protocol.keys``) and 108
+    random bits."""
+    token = secrets.token_urlsafe(16)
+    return token if tag is None else tag + token[len(tag) :]
 
 
 def iso(ms: int) -> str | None:
@@ -58,7 +62,9 @@ def iso(ms: int) -> str | None:
 
 
 class JobService:
-    def __init__(self, settings: GatewaySettings, inference: InferenceService) -> None:
+    def __init__(
+        self, settings: GatewaySettings, inference: InferenceService, *, cluster: bool = False
+    ) -> None:
         self.settings = settings
         self.inference = inference
         self.keys = inference.keys
@@ -66,6 +72,8 @@ class JobService:
         self.replies = inference.replies
         self.clock = inference.clock
         self._redis = inference.pipeline.redis
+        self.cluster = cluster
+        """A Redis Cluster: the record and the request are written in two steps."""
         self._transition: AsyncScript = self._redis.register_script(TRANSITION_SCRIPT)
 
     async def submit(
@@ -96,7 +104,9 @@ class JobService:
         timeout_ms = timeout_us // 1000 if timeout_us else self.settings.job_timeout_s * 1000
         timeout_ms = max(1, min(timeout_ms, self.settings.job_ttl_s * 1000))
         lane = Lane.for_priority(sched.priority) if "priority" in body.parameters else Lane.LOW
-        job_id = new_job_id()
+        job_id = new_job_id(
+            idempotency_tag(name, idempotency_key) if idempotency_key is not None else None
+        )
         ttl_ms = self.settings.job_ttl_s * 1000
         try:
             if idempotency_key is not None:
@@ -130,12 +140,8 @@ class JobService:
                 client_id=body.client_id,
                 traceparent=traceparent,
             )
-            # One round trip, in order: the record exists before any worker can read the job.
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.hset(self.keys.job(job_id), mapping=cast(Any, record.to_fields()))
-            pipe.pexpire(self.keys.job(job_id), ttl_ms)
-            pipe.xadd(self.keys.stream(name, lane), {FIELD: request.encode()})
-            await pipe.execute()
+            stream = self.keys.stream(name, lane, self.inference.partition(name, meta.partitions))
+            await self._enqueue(record, stream, request.encode(), ttl_ms)
         except (RedisError, OSError) as e:
             raise ServiceUnavailable(
                 f"the queue (Redis) is unreachable: {e}", retry_after_s=1
@@ -150,6 +156,30 @@ class JobService:
             traceparent=traceparent,
         )
         return Submitted(record, replayed=False)
+
+    async def _enqueue(self, record: JobRecord, stream: str, payload: bytes, ttl_ms: int) -> None:
+        """Write the job record, then queue the request: the record must exist before any
+        worker can read the job (a worker skips a job it finds no record for).
+
+        One Redis: one pipeline, executed in order. A Redis Cluster splits a pipeline per node
+        and sends the parts concurrently, and the stream lives in another slot than the record,
+        so there the record goes first and the request second, in two round trips; if queueing
+        fails the record is deleted again, so a job that was never queued is never shown."""
+        key = self.keys.job(record.id)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.hset(key, mapping=cast(Any, record.to_fields()))
+        pipe.pexpire(key, ttl_ms)
+        if not self.cluster:
+            pipe.xadd(stream, {FIELD: payload})
+            await pipe.execute()
+            return
+        await pipe.execute()
+        try:
+            await self._redis.xadd(stream, {FIELD: payload})
+        except (RedisError, OSError):
+            with contextlib.suppress(RedisError, OSError):
+                await self._redis.delete(key)
+            raise
 
     async def _claim_idempotency(
         self, model: str, key: str, job_id: str, ttl_ms: int

@@ -160,20 +160,23 @@ class ModelRegistry:
 
     async def _refresh_backlog(self) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        names = sorted(self.models)
-        for name in names:
-            for stream in self._keys.streams(name):
-                pipe.xlen(stream)
-                pipe.xinfo_groups(stream)
+        streams: list[tuple[str, Lane]] = []
+        for name in sorted(self.models):
+            partitions = self.models[name].metadata.partitions
+            for p in range(partitions):
+                for lane in LANES_BY_PRIORITY:
+                    streams.append((name, lane))
+                    stream = self._keys.stream(name, lane, p)
+                    pipe.xlen(stream)
+                    pipe.xinfo_groups(stream)
         try:
             replies = await pipe.execute(raise_on_error=False)
         except (RedisError, OSError):
             return
         backlog: dict[tuple[str, Lane], int] = {}
-        for i, name in enumerate(names):
-            for j, lane in enumerate(LANES_BY_PRIORITY):
-                length, groups = replies[2 * (i * 3 + j)], replies[2 * (i * 3 + j) + 1]
-                backlog[(name, lane)] = _lag(length, groups)
+        for i, key in enumerate(streams):
+            length, groups = replies[2 * i], replies[2 * i + 1]
+            backlog[key] = backlog.get(key, 0) + _lag(length, groups)
         self._backlog = backlog
 
     async def run(self) -> None:

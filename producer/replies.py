@@ -8,6 +8,11 @@ it stopped and no result is lost; it trims what it has read (``XTRIM MINID``, ev
 entries or second, in the same round trip as a read). The stream carries a TTL that the gateway
 refreshes; workers write with ``NOMKSTREAM``, so the stream of a gateway that died expires and is
 not recreated.
+
+Job events (``Keys.job_events``, which every gateway reads to wake its long polls) ride in the
+same ``XREAD`` on one Redis. On a Redis Cluster the two streams sit in different slots, which one
+command cannot read together, so ``run_job_events`` reads them in a second loop (a second
+blocking connection per gateway: still O(1)).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class ReplyListener:
         block_ms: int,
         ttl_s: float,
         job_events: str | None = None,
+        separate_job_events: bool = False,
         count: int = 1000,
     ) -> None:
         self._reader = reader
@@ -69,6 +75,8 @@ class ReplyListener:
         self._waiters: dict[str, asyncio.Future[InferResult]] = {}
         self._last_id = "$"
         self.job_events = job_events
+        self.separate_job_events = separate_job_events
+        """Read job events in ``run_job_events`` instead of with the replies (a cluster)."""
         self._events_id: str | None = None
         self._job_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self.healthy = False
@@ -153,7 +161,11 @@ class ReplyListener:
                 if trim:
                     pipe.xtrim(self.key, minid=_next_id(self._last_id), approximate=False)
                 streams = {self.key: self._last_id}
-                if self.job_events is not None and self._events_id is not None:
+                if (
+                    self.job_events is not None
+                    and self._events_id is not None
+                    and not self.separate_job_events
+                ):
                     streams[self.job_events] = self._events_id
                 pipe.xread(cast(Any, streams), count=self._count, block=self._block_ms)
                 replies = await pipe.execute()
@@ -180,6 +192,29 @@ class ReplyListener:
                     self._last_id = _text(entry_id)
                     unread_trimmed += 1
                     self._resolve(fields)
+
+    async def run_job_events(self) -> None:
+        """Read the job events stream alone (on a cluster; see the module docstring)."""
+        backoff = 0.05
+        while not cancelling() and self.job_events is not None:
+            if self._events_id is None:
+                await asyncio.sleep(backoff)  # the first keepalive finds where to start
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            try:
+                reply: Any = await self._reader.xread(
+                    {self.job_events: self._events_id}, count=self._count, block=self._block_ms
+                )
+                backoff = 0.05
+            except _CONNECTION_ERRORS as e:
+                log.warning("job events listener lost Redis, retrying", error=str(e))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            for _, entries in reply or []:
+                self._events_id = _text(entries[-1][0])
+                for _, fields in entries:
+                    self._job_changed(fields)
 
     def _job_changed(self, fields: dict[Any, Any]) -> None:
         job_id = fields.get(b"job")

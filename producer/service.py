@@ -93,6 +93,7 @@ class InferenceService:
         """Requests per model this gateway has queued and still waits on."""
         self._ids = itertools.count()
         self.router = VersionRouter()
+        self._partition_turn: dict[str, int] = {}
 
     async def model(
         self, name: str, version: str | None = None, *, route: bool = True
@@ -196,9 +197,8 @@ class InferenceService:
         future = self.replies.expect(request_id)
         self.waiting[name] += 1
         try:
-            await self._redis(
-                "XADD", self.keys.stream(name, lane), "*", FIELD, request.encode(), model=name
-            )
+            stream = self.keys.stream(name, lane, self.partition(name, meta.partitions))
+            await self._redis("XADD", stream, "*", FIELD, request.encode(), model=name)
             self.registry.note_queued(name)
             log.debug(
                 "request queued",
@@ -222,6 +222,15 @@ class InferenceService:
             self.waiting[name] -= 1
         self._observe(name, result)
         return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
+
+    def partition(self, model: str, partitions: int) -> int:
+        """The partition a request goes to: each in turn (round-robin per gateway), so a model
+        with ``partitions = N`` spreads its load over N request streams, N slots of a cluster."""
+        if partitions <= 1:
+            return 0
+        turn = (self._partition_turn.get(model, -1) + 1) % partitions
+        self._partition_turn[model] = turn
+        return turn
 
     def _admit(
         self, name: str, workers: int, max_batch: int, lane: Lane, deadline_s: float

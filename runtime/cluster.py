@@ -20,7 +20,9 @@ A cluster client here keeps the same policy as a single-node one (``runtime.conn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +36,14 @@ from redis.asyncio.connection import parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
-from redis.exceptions import RedisError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 __all__ = ["key_slot"]
 
@@ -120,6 +129,26 @@ def detect_cluster_sync(url: str, *, timeout_s: float) -> bool | None:
     return None
 
 
+TRANSIENT_CLUSTER_ERRORS = (RedisClusterException, ClusterDownError, TryAgainError, AskError)
+"""What a cluster says while its topology changes: no node covers a slot, CLUSTERDOWN, TRYAGAIN,
+or a redirect still outstanding after redis-py followed it. Not all of these are ``RedisError``
+(``RedisClusterException`` is a bare ``Exception``)."""
+
+
+def as_connection_error(error: BaseException) -> RedisConnectionError:
+    """A transient cluster error as the ``ConnectionError`` every inferq loop and handler
+    already treats as "Redis is unavailable: back off / answer 503"."""
+    converted = RedisConnectionError(f"Redis Cluster unavailable: {error}")
+    converted.__cause__ = error
+    return converted
+
+
+def _transient(error: BaseException) -> bool:
+    # A CROSSSLOT refusal (a RedisClusterException raised by redis-py before sending) is a bug,
+    # not a transient state: let it through as itself.
+    return isinstance(error, TRANSIENT_CLUSTER_ERRORS) and "must map to the same" not in str(error)
+
+
 _HOLDING = contextvars.ContextVar("inferq_cluster_gate", default=False)
 """Set while a task holds a slot of the gate: a pipeline re-sending a redirected command
 individually must not wait for a second slot (it could wait for itself)."""
@@ -151,11 +180,21 @@ class GatedPipeline(ClusterPipeline):
         parent = super()
 
         async def call() -> Any:
-            return await parent.execute(
-                raise_on_error=raise_on_error, allow_redirections=allow_redirections
-            )
+            try:
+                replies = await parent.execute(
+                    raise_on_error=raise_on_error, allow_redirections=allow_redirections
+                )
+            except TRANSIENT_CLUSTER_ERRORS as e:
+                if _transient(e):
+                    raise as_connection_error(e) from e
+                raise
+            return [as_connection_error(r) if _transient(r) else r for r in replies]
 
         return await gate.run(call)
+
+
+TOPOLOGY_REFRESH_MIN_S = 0.25
+"""Several readers losing one master at once re-read the slot table once, not once each."""
 
 
 class GatedCluster(RedisCluster):
@@ -164,12 +203,30 @@ class GatedCluster(RedisCluster):
     def __init__(self, *args: Any, pool_size: int, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._inferq_gate = _Gate(pool_size)
+        self._inferq_refresh = asyncio.Lock()
+        self._inferq_refreshed = 0.0
+
+    async def refresh_topology(self) -> None:
+        """Re-read the slot table (``CLUSTER SLOTS`` from a node that answers), at most every
+        ``TOPOLOGY_REFRESH_MIN_S``. Errors are swallowed: during a failover no node may cover
+        a slot yet, and the caller backs off and tries again."""
+        async with self._inferq_refresh:
+            if time.monotonic() - self._inferq_refreshed < TOPOLOGY_REFRESH_MIN_S:
+                return
+            self._inferq_refreshed = time.monotonic()
+            with contextlib.suppress(Exception):
+                await self.nodes_manager.initialize()
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         parent = super()
 
         async def call() -> Any:
-            return await parent.execute_command(*args, **kwargs)
+            try:
+                return await parent.execute_command(*args, **kwargs)
+            except TRANSIENT_CLUSTER_ERRORS as e:
+                if _transient(e):
+                    raise as_connection_error(e) from e
+                raise
 
         return await self._inferq_gate.run(call)
 
@@ -242,3 +299,13 @@ def group_by_slot(keys: Sequence[str]) -> dict[int, list[str]]:
     for key in keys:
         groups.setdefault(key_slot(key.encode()), []).append(key)
     return groups
+
+
+async def queue_script(pipe: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Queue a registered Lua script (``register_script``) on a pipeline of either kind. redis-py
+    refuses EVALSHA in a cluster pipeline (it cannot load the script on every node first), so a
+    cluster pipeline gets EVAL with the script's text; Redis caches it all the same."""
+    if isinstance(pipe, ClusterPipeline):
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    else:
+        await script(keys=list(keys), args=list(args), client=pipe)

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import AskError, ClusterDownError, TryAgainError
 
 from protocol.deadline import ZERO, ClockOffset, redis_time_ms
 from runtime.cluster import (
@@ -144,9 +145,10 @@ def sync_client(settings: RedisSettings) -> Any:
 
 
 def is_cluster_redirect(error: BaseException) -> bool:
-    """A MOVED or ASK reply: a plain client is talking to a Redis Cluster."""
-    text = str(error)
-    return text.startswith(("MOVED ", "ASK ")) or "Cluster" in type(error).__name__
+    """A reply only a Redis Cluster gives (MOVED, ASK, TRYAGAIN, CLUSTERDOWN): on a cluster,
+    the slot is elsewhere or between owners; from what was taken for one Redis, the server is
+    a cluster after all."""
+    return isinstance(error, (AskError, TryAgainError, ClusterDownError))
 
 
 def redact(url: str) -> str:

@@ -11,6 +11,7 @@ import pytest
 import redis
 import tritonclient.http as triton
 
+from protocol.keys import Keys, Lane
 from tests.support import sim_body, wait_until
 
 SAMPLES = json.loads((Path(__file__).parents[2] / "models/digits/samples.json").read_text())
@@ -198,7 +199,7 @@ def test_high_priority_requests_overtake_queued_normal_ones(stack):
         pool.submit(call, "first")
         wait_until(lambda: worker.backend("serial").calls == 1, what="the worker to be busy")
         normal = [pool.submit(call, f"normal-{i}") for i in range(3)]
-        stream = f"{s.namespace}:stream:serial:normal"
+        stream = Keys(s.namespace).stream("serial", Lane.NORMAL)
         with redis.Redis.from_url(s.redis_url) as r:
             wait_until(lambda: r.xlen(stream) == 4, what="three queued normal requests")
         high = pool.submit(call, "high", priority=1)
