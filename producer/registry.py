@@ -214,7 +214,9 @@ def queue_snapshot(pipe: Any, keys: Keys, ids: list[bytes]) -> None:
     workers' advertisements (``ids`` from ZRANGEBYSCORE of ``keys.workers``), the committed
     policies and the last-known metadata."""
     if ids:
-        pipe.mget([keys.worker(i.decode()) for i in ids])
+        # execute_command: redis-py refuses pipe.mget on a cluster, though these keys share the
+        # control plane's slot (see protocol.keys), which is all MGET needs there.
+        pipe.execute_command("MGET", *(keys.worker(i.decode()) for i in ids))
     pipe.hgetall(keys.policies)
     pipe.hgetall(keys.models)
 

@@ -243,7 +243,7 @@ async def collect(
         for lane in LANES_BY_PRIORITY
     ]
     pipe = redis.pipeline(transaction=False)
-    pipe.time()
+    pipe.execute_command("TIME")  # pipe.time() is refused on a cluster pipeline
     pipe.zrange(keys.workers, 0, -1, withscores=True)
     for _, _, _, stream in lanes:
         pipe.xlen(stream)

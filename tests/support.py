@@ -48,6 +48,8 @@ def write_simulated_model(
     flush_ms: float = 2.0,
     cache: bool = False,
     failure_rate: float = 0.0,
+    partitions: int = 1,
+    crash_value: float | None = None,
 ) -> None:
     folder = repo / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
@@ -56,6 +58,7 @@ def write_simulated_model(
 max_batch = {max_batch}
 flush_ms = {flush_ms}
 default_timeout_ms = 10000
+partitions = {partitions}
 
 [cache]
 enabled = {"true" if cache else "false"}
@@ -64,6 +67,7 @@ enabled = {"true" if cache else "false"}
 base_ms = {base_ms}
 per_row_ms = {per_row_ms}
 failure_rate = {failure_rate}
+{"" if crash_value is None else f"crash_value = {crash_value}"}
 
 [[inputs]]
 name = "x"
