@@ -64,6 +64,7 @@ log = structlog.get_logger("inferq.worker")
 
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 BACKGROUND_BATCH_DIVISOR = 8
+CLAIM_RETRY_S = 0.1
 MAX_BACKOFF_S = 1.0
 """Reconnect attempts are cheap; retrying at least every second brings service back fast."""
 
@@ -740,6 +741,7 @@ class Worker:
             )
         except _CONNECTION_ERRORS as e:
             log.warning("could not claim jobs, will retry", error=str(e))
+            await asyncio.sleep(CLAIM_RETRY_S)  # not a tight loop while Redis is away
             for q in jobs:
                 slot.queue.push(q)
             return [q.item for q in batch if q.item.request.kind is not Kind.JOB]

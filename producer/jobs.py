@@ -164,22 +164,65 @@ class JobService:
         One Redis: one pipeline, executed in order. A Redis Cluster splits a pipeline per node
         and sends the parts concurrently, and the stream lives in another slot than the record,
         so there the record goes first and the request second, in two round trips; if queueing
-        fails the record is deleted again, so a job that was never queued is never shown."""
+        fails the record is deleted again, so a job that was never queued is never shown.
+
+        Under ``--job-durability replicated`` each part ends with ``WAIT 1`` on the connection
+        (and node) that wrote it: the job is accepted only once a replica has both."""
         key = self.keys.job(record.id)
+        replicated = self.settings.job_durability == "replicated"
         pipe = self._redis.pipeline(transaction=False)
         pipe.hset(key, mapping=cast(Any, record.to_fields()))
         pipe.pexpire(key, ttl_ms)
         if not self.cluster:
             pipe.xadd(stream, {FIELD: payload})
-            await pipe.execute()
+            if replicated:
+                pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms)
+            replies = await pipe.execute()
+            if replicated:
+                await self._confirmed(record, [replies[-1]])
             return
-        await pipe.execute()
+        if replicated:
+            self._wait_on(pipe, key)
+        replies = await pipe.execute()
         try:
-            await self._redis.xadd(stream, {FIELD: payload})
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xadd(stream, {FIELD: payload})
+            if replicated:
+                self._wait_on(pipe, stream)
+            queued = await pipe.execute()
         except (RedisError, OSError):
             with contextlib.suppress(RedisError, OSError):
                 await self._redis.delete(key)
             raise
+        if replicated:
+            await self._confirmed(record, [replies[-1], queued[-1]])
+
+    def _wait_on(self, pipe: Any, key: str) -> None:
+        """Queue ``WAIT 1`` on the node that owns ``key`` (a cluster pipeline runs each node's
+        commands in order on one connection, so it covers the writes before it)."""
+        node = self._redis.get_node_from_key(key)  # type: ignore[attr-defined]
+        pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms, target_nodes=node)
+
+    async def _confirmed(self, record: JobRecord, acks: list[Any]) -> None:
+        """Every WAIT saw a replica, or the job is cancelled (so it never runs) and refused."""
+        if all(isinstance(n, int) and n >= 1 for n in acks):
+            return
+        log.warning(
+            "job not confirmed by a replica; cancelled (--job-durability replicated needs a "
+            "replica of every master: INFO replication, connected_slaves)",
+            job_id=record.id,
+            model=record.model,
+            wait_ms=self.settings.job_replica_wait_ms,
+        )
+        with contextlib.suppress(RedisError, OSError):
+            before = await self._move(record, JobStatus.CANCELLED)
+            if before is not None and before != JobStatus.QUEUED.value.encode():
+                return  # a worker has started it already: it runs, so it is accepted
+        raise ServiceUnavailable(
+            f"the job could not be confirmed on a replica within "
+            f"{self.settings.job_replica_wait_ms} ms, so it was not accepted; retry",
+            retry_after_s=1,
+        )
 
     async def _claim_idempotency(
         self, model: str, key: str, job_id: str, ttl_ms: int

@@ -44,6 +44,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 __all__ = ["key_slot"]
 
@@ -186,7 +187,14 @@ class GatedPipeline(ClusterPipeline):
                 )
             except TRANSIENT_CLUSTER_ERRORS as e:
                 if _transient(e):
+                    await self.cluster_client.refresh_topology()
                     raise as_connection_error(e) from e
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # A plain command marks the slot table stale after a connection error; a
+                # pipeline does not (with no retries), so it would keep sending to a dead
+                # master after its replica took over. Re-read the table here.
+                await self.cluster_client.refresh_topology()
                 raise
             return [as_connection_error(r) if _transient(r) else r for r in replies]
 
@@ -216,6 +224,11 @@ class GatedCluster(RedisCluster):
             self._inferq_refreshed = time.monotonic()
             with contextlib.suppress(Exception):
                 await self.nodes_manager.initialize()
+                # redis-py finds the keys of XREAD and XREADGROUP with COMMAND GETKEYS on one
+                # node, chosen when the client initialised; only its own full re-initialisation
+                # (after a plain command's connection error, never a pipeline's) moves it. A
+                # pipeline would otherwise ask a dead master forever.
+                self.commands_parser.node = self.nodes_manager.default_node
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         parent = super()
@@ -226,6 +239,11 @@ class GatedCluster(RedisCluster):
             except TRANSIENT_CLUSTER_ERRORS as e:
                 if _transient(e):
                     raise as_connection_error(e) from e
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # Usually redis-py has marked the slot table stale already, but not when the
+                # error came from finding the command's keys (see refresh_topology).
+                await self.refresh_topology()
                 raise
 
         return await self._inferq_gate.run(call)

@@ -25,7 +25,12 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import MovedError, RedisError
 
-from runtime.cluster import GatedCluster, key_slot
+from runtime.cluster import (
+    TRANSIENT_CLUSTER_ERRORS,
+    GatedCluster,
+    as_connection_error,
+    key_slot,
+)
 
 
 class BlockingReads(Protocol):
@@ -93,8 +98,11 @@ class SlotReadConnection:
             host, port = self._redirect
             self._redirect = None
         else:
-            await self._cluster.initialize()
-            node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
+            try:
+                await self._cluster.initialize()
+                node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
+            except TRANSIENT_CLUSTER_ERRORS as e:  # no node covers the slot (mid-failover)
+                raise as_connection_error(e) from e
             host, port = node.host, node.port
         self._client = aioredis.Redis(
             host=host,

@@ -152,6 +152,11 @@ class WorkerThread:
         self._thread.join(START_TIMEOUT_S)
 
     @property
+    def running(self) -> bool:
+        """Started and not ended (a crashed worker task stops the worker, ending the thread)."""
+        return self.worker.started.is_set() and self._thread.is_alive()
+
+    @property
     def stats(self) -> Any:
         return self.worker.stats
 
