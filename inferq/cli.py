@@ -20,6 +20,7 @@ from typing import Any
 import inferq
 from inferq.argtypes import non_negative_float, positive_int
 from runtime.connections import RedisSettings
+from runtime.loops import EXIT_LOOP_FAILED
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 EXIT_OK = 0
@@ -355,7 +356,7 @@ def run_gateway(args: argparse.Namespace) -> int:
 def run_worker(args: argparse.Namespace) -> int:
     from consumer.repository import RepositoryError
     from consumer.settings import WorkerSettings
-    from consumer.worker import MetricsPortError, Worker
+    from consumer.worker import LoopCrashed, MetricsPortError, Worker
     from runtime.logging import configure
 
     configure(args.log_level)
@@ -398,6 +399,9 @@ def run_worker(args: argparse.Namespace) -> int:
     except (RepositoryError, MetricsPortError) as e:
         print(f"inferq worker: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except LoopCrashed as e:
+        print(f"inferq worker: {e}; exiting so that a supervisor restarts it", file=sys.stderr)
+        return EXIT_LOOP_FAILED
     return EXIT_OK
 
 
