@@ -341,15 +341,31 @@ def run_gateway(args: argparse.Namespace) -> int:
         admin_load_timeout_s=args.admin_load_timeout_s,
         log_level=args.log_level,
     )
-    uvicorn.run(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
+    app = create_app(settings)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=10,
+        )
     )
+    gateway = app.state.gateway
+
+    def stop_server() -> None:
+        server.should_exit = True
+
+    gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
+    server.run()
+    if gateway.failure is not None:
+        print(
+            f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
+            file=sys.stderr,
+        )
+        return EXIT_LOOP_FAILED
     return EXIT_OK
 
 

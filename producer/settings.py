@@ -30,7 +30,7 @@ class GatewaySettings:
     """How often the gateway re-reads which workers are live and what they serve."""
     reply_block_ms: int = 2000
     heartbeat_s: float = 5.0
-    """How often the gateway refreshes its reply stream's TTL."""
+    """How often the gateway refreshes its reply stream's TTL (and sweeps for lost requests)."""
     max_backlog: int = 10_000
     """Per model: synchronous requests beyond this many queued get 429 at once."""
     job_ttl_s: int = 86_400
