@@ -20,6 +20,10 @@ Less often (every ``HOUSEKEEPING_EVERY`` passes):
   hold no pending entries: ``XGROUP DELCONSUMER`` on a consumer with pending entries silently
   drops them.
 
+A Redis error ends a pass, and the next one comes after the interval and a backoff (the loop
+never ends on a Redis error); a stream or group that has vanished is skipped (the reader creates
+it again).
+
 Duplicate executions are possible (a worker that was only slow, not dead); duplicate replies are
 not: result keys are written only if absent and the gateway resolves each request once.
 """
@@ -41,7 +45,7 @@ from consumer.slots import ModelSlots
 from protocol.keys import GROUP, Keys, next_id, text
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
-from runtime.faults import RETRYABLE
+from runtime.faults import RETRYABLE, Fault, classify
 
 log = structlog.get_logger("inferq.worker")
 
@@ -131,9 +135,14 @@ class Reclaimer:
             self._ledger.renewed(stream, ids)
 
     async def reclaim(self, stream: str, room: int) -> None:
-        pending: list[dict[str, Any]] = await self._redis.xpending_range(
-            stream, GROUP, min="-", max="+", count=room, idle=self._claim_idle_ms
-        )
+        try:
+            pending: list[dict[str, Any]] = await self._redis.xpending_range(
+                stream, GROUP, min="-", max="+", count=room, idle=self._claim_idle_ms
+            )
+        except ResponseError as e:
+            if classify(e) is Fault.MISSING:
+                return  # no stream or group (yet, or any more): nothing pending there
+            raise
         candidates = [p for p in pending if (stream, p["message_id"]) not in self._ledger]
         if not candidates:
             return

@@ -34,8 +34,23 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
+            raise AssertionError(
+                f"timed out after {timeout_s} s waiting for {what or condition}"
+            ) from None
         time.sleep(0.005)
+
+
+async def until(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> None:
+    """``wait_until`` inside an event loop: poll a condition on state that has no event of its
+    own to wait on (Redis, a counter), failing with ``what`` after ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not condition():  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(
+            f"timed out after {timeout_s} s waiting for {what or condition}"
+        ) from None
 
 
 def write_simulated_model(
