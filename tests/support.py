@@ -186,7 +186,20 @@ class GatewayThread:
             access_log=False,
         )
         self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, name="gateway")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._main, name="gateway")
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.server.serve()
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the gateway's event loop (from the test's thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn)
 
     @property
     def url(self) -> str:

@@ -156,6 +156,59 @@ def test_a_503_from_an_out_of_memory_redis_says_what_redis_said_and_echoes_no_re
         assert "retry-after" in answer.headers
 
 
+def test_a_worker_loop_that_crashes_stops_the_worker_with_loop_crashed(
+    redis_url, namespace, model_repo
+):
+    """Not a Redis error but a bug: the worker does not carry on half-alive; it stops, and
+    ``run`` raises so that ``inferq worker`` exits non-zero (70) for its supervisor."""
+    import asyncio
+
+    from consumer.settings import WorkerSettings
+    from consumer.worker import LoopCrashed, Worker
+    from runtime.connections import RedisSettings
+
+    async def bug() -> None:
+        raise RuntimeError("a bug in a loop")
+
+    async def go() -> None:
+        worker = Worker(
+            WorkerSettings(
+                redis=RedisSettings(redis_url),
+                namespace=namespace,
+                model_repository=model_repo,
+                models=("sim",),
+                block_ms=200,
+            )
+        )
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(worker.started.wait(), 20)
+        worker.loops.spawn("buggy", bug())
+        with pytest.raises(LoopCrashed, match="a bug in a loop"):
+            await asyncio.wait_for(task, 20)
+        assert worker.failure is not None
+
+    asyncio.run(go())
+
+
+def test_a_gateway_loop_that_crashes_fails_readiness_for_good(own_stack):
+    s = own_stack()
+    s.add_worker(("sim",))
+    gw = s.start_gateway()
+    gateway = gw.gateway
+
+    async def bug() -> None:
+        raise RuntimeError("a bug in a loop")
+
+    with s.client() as c:
+        assert c.get("/v2/health/ready").status_code == 200
+        gw.call(lambda: gateway.loops.spawn("buggy", bug()))
+        wait_until(lambda: gateway.failure is not None, 10, "the gateway to see the crash")
+        body = c.get("/v2/health/ready").json()
+    assert (
+        body["ready"] is False and "buggy: down (RuntimeError: a bug in a loop)" in body["problems"]
+    )
+
+
 # -- defect 2: nothing is acknowledged that was not stored --------------------------------------
 
 
