@@ -4,7 +4,7 @@ Modules:
 
 * :mod:`loadgen.http` — :class:`HTTPConnection` (raw asyncio protocol), :func:`prepare`,
   :class:`PreparedRequest`, :func:`run` (asyncio on uvloop when installed);
-* :mod:`loadgen.stats` — :class:`LatencyHistogram` (HDR log-linear, ~0.4%), :class:`RequestStats`;
+* :mod:`loadgen.stats` — :class:`LatencyHistogram` (an HdrHistogram, 3 significant figures), :class:`RequestStats`;
 * :mod:`loadgen.recorder` — :class:`Recorder` (what a run records into, with a per-second
   timeline), read live by :mod:`loadgen.progress`;
 * :mod:`loadgen.result` — :class:`LoadResult`, common to every load mode;

@@ -216,7 +216,7 @@ def html_report(
 <h2>Charts</h2>
 {charts}
 {cfg}
-<p class="note">Generated {now} by inferq loadgen. Histogram percentiles are within 0.4 %.</p>
+<p class="note">Generated {now} by inferq loadgen. Percentiles from an HdrHistogram, within 0.1 %.</p>
 </body>
 </html>
 """
