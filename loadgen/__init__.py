@@ -4,7 +4,8 @@ Modules:
 
 * :mod:`loadgen.http` — :class:`HTTPConnection` (raw asyncio protocol), :func:`prepare`,
   :class:`PreparedRequest`, :func:`run` (asyncio on uvloop when installed);
-* :mod:`loadgen.stats` — :class:`LatencyHistogram` (an HdrHistogram, 3 significant figures), :class:`RequestStats`;
+* :mod:`loadgen.stats` — :class:`LatencyHistogram` (an HdrHistogram, 3 significant figures),
+  :class:`RequestStats`;
 * :mod:`loadgen.recorder` — :class:`Recorder` (what a run records into, with a per-second
   timeline), read live by :mod:`loadgen.progress`;
 * :mod:`loadgen.result` — :class:`LoadResult`, common to every load mode;
@@ -14,8 +15,8 @@ Modules:
 * :mod:`loadgen.workload`, :mod:`loadgen.jobs` — what one unit of work is (a request, or an
   async job submitted and polled); :mod:`loadgen.inputs` — V2 bodies from model metadata or
   a file, JSON or binary tensors;
-* :mod:`loadgen.report`, :mod:`loadgen.png` (with :mod:`loadgen.charts`, :mod:`loadgen.font`) —
-  the self-contained HTML report and the PNG chart;
+* :mod:`loadgen.report` — the self-contained HTML report; :mod:`loadgen.charts` — its charts and
+  the PNG, drawn with matplotlib when the ``inferq[charts]`` extra is installed;
 * :mod:`loadgen.cli` — ``inferq loadgen`` (``python -m loadgen``).
 """
 

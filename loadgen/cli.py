@@ -359,7 +359,11 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
     )
     out.add_argument("--json", metavar="PATH", help="write the result as JSON ('-': stdout)")
     out.add_argument("--report", metavar="PATH.html", help="write a self-contained HTML report")
-    out.add_argument("--png", metavar="PATH.png", help="write the charts as a PNG")
+    out.add_argument(
+        "--png",
+        metavar="PATH.png",
+        help="write the charts as a PNG (needs matplotlib: pip install 'inferq[charts]')",
+    )
     out.add_argument("--no-uvloop", action="store_true", help="use the default asyncio loop")
 
 
@@ -596,10 +600,12 @@ def run(args: argparse.Namespace) -> int:
 
     0: the run completed and at least one request succeeded; 1: none did (or the model's
     metadata could not be fetched); 2: bad usage; 130: interrupted twice."""
-    from loadgen.png import png_report
+    from loadgen import charts
     from loadgen.report import html_report
 
     try:
+        if args.png and not charts.available():
+            raise UsageError(f"--png: {charts.INSTALL_HINT}")
         url = resolve_url(args)
         document = None if args.input_file is None else read_input_file(args.input_file)
         result, config = run_loop(run_async(args, url, document), use_uvloop=not args.no_uvloop)
@@ -622,8 +628,12 @@ def run(args: argparse.Namespace) -> int:
             _write(args.json, text + "\n")
     if args.report:
         _write(args.report, html_report(result, title="inferq loadgen", config=config))
+        if not charts.available():
+            print(
+                f"inferq loadgen: the report has no charts: {charts.INSTALL_HINT}", file=sys.stderr
+            )
     if args.png:
-        _write(args.png, png_report(result))
+        _write(args.png, charts.png_report(result))
     return EXIT_OK if result.ok else EXIT_FAILED
 
 
