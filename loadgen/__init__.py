@@ -9,6 +9,8 @@ Modules:
 * :mod:`loadgen.recorder` — :class:`Recorder` (what a run records into, with a per-second
   timeline), read live by :mod:`loadgen.progress`;
 * :mod:`loadgen.result` — :class:`LoadResult`, common to every load mode;
+* :mod:`loadgen.loop` — :class:`LoadOptions` (target, workload, phases and limits of any run)
+  and what the loops share;
 * :mod:`loadgen.closed` — :func:`run_closed_loop` (C back-to-back workers);
 * :mod:`loadgen.open` — :func:`run_open_loop` (Poisson arrivals, latency from intended send
   times), with rate schedules and ramps from :mod:`loadgen.schedule`;
@@ -22,6 +24,7 @@ Modules:
 
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPConnection, PreparedRequest, Response, prepare, run
+from loadgen.loop import LoadOptions
 from loadgen.open import run_open_loop
 from loadgen.recorder import Recorder
 from loadgen.result import LoadResult
@@ -31,6 +34,7 @@ from loadgen.stats import LatencyHistogram, RequestStats
 __all__ = [
     "HTTPConnection",
     "LatencyHistogram",
+    "LoadOptions",
     "LoadResult",
     "PreparedRequest",
     "RateSchedule",

@@ -15,7 +15,7 @@ import io
 import math
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from loadgen.recorder import TimelineRow
 from loadgen.result import LoadResult
@@ -33,7 +33,7 @@ HISTOGRAM_BINS = 60
 CHART_SIZE = (7.6, 2.8)
 DPI = 100
 #: Deterministic SVG: no date, element ids from a fixed salt (reports diff cleanly).
-_SVG_RC = {"svg.fonttype": "none", "svg.hashsalt": "inferq-loadgen"}
+_SVG_RC: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": "inferq-loadgen"}
 
 
 def available() -> bool:
@@ -127,7 +127,7 @@ def _save(fig: Figure, fmt: str) -> bytes:
     import matplotlib
 
     buf = io.BytesIO()
-    with matplotlib.rc_context(_SVG_RC):
+    with matplotlib.rc_context(_SVG_RC):  # type: ignore[arg-type]  # (keys are Literals)
         fig.savefig(buf, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
     return buf.getvalue()
 

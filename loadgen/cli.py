@@ -38,6 +38,7 @@ from loadgen.inputs import (
     parse_model_url,
 )
 from loadgen.jobs import JobStats, jobs_operation
+from loadgen.loop import LoadOptions
 from loadgen.open import DEFAULT_MAX_CONNECTIONS, run_open_loop
 from loadgen.progress import Progress
 from loadgen.recorder import Recorder
@@ -557,28 +558,28 @@ async def run_async(
         if show
         else contextlib.nullcontext()
     )
-    common: dict[str, Any] = {
-        "requests": requests,
-        "duration_s": args.duration,
-        "warmup_s": args.warmup,
-        "max_requests": args.max_requests,
-        "timeout_s": args.timeout,
-        "operation": operation,
-        "recorder": recorder,
-        "stop": stop,
-    }
+    options = LoadOptions(
+        ref.url(suffix),
+        duration_s=args.duration,
+        requests=requests,
+        warmup_s=args.warmup,
+        max_requests=args.max_requests,
+        timeout_s=args.timeout,
+        operation=operation,
+    )
     try:
         async with progress:
             if schedule is not None:
                 result = await run_open_loop(
-                    ref.url(suffix),
-                    rate=schedule,
+                    options,
+                    schedule,
                     max_connections=args.max_connections,
                     seed=args.seed,
-                    **common,
+                    recorder=recorder,
+                    stop=stop,
                 )
             else:
-                result = await run_closed_loop(ref.url(suffix), concurrency=concurrency, **common)
+                result = await run_closed_loop(options, concurrency, recorder=recorder, stop=stop)
     finally:
         undo()
     if args.jobs:

@@ -49,7 +49,7 @@ class LatencyHistogram:
     @property
     def relative_precision(self) -> float:
         """Worst-case relative error of :meth:`percentile` (one bucket's width)."""
-        return 1 / self._hdr.sub_bucket_half_count
+        return 1 / int(self._hdr.sub_bucket_half_count)
 
     def record(self, seconds: float) -> None:
         """Add one value (seconds; negatives, from clock oddities, count as 0)."""

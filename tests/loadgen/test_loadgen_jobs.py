@@ -12,6 +12,7 @@ import pytest
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
 from loadgen.jobs import JobStats, jobs_operation, jobs_path
+from loadgen.loop import LoadOptions
 from loadgen.open import run_open_loop
 
 SUBMIT = PreparedRequest(
@@ -65,16 +66,15 @@ class FakeJobs:
         return self._json(404, {"error": "no route"})
 
 
-def _closed(url: str, stats: JobStats, **kwargs: Any) -> Any:
+def _closed(url: str, stats: JobStats, concurrency: int = 2, **kwargs: Any) -> Any:
     options: dict[str, Any] = {
-        "concurrency": 2,
         "duration_s": 30,
         "warmup_s": 0,
         "max_requests": 10,
         "requests": SUBMIT,
         "operation": jobs_operation(stats, wait_s=10, poll_interval_s=0.001),
     }
-    return run_closed_loop(url, **(options | kwargs))
+    return run_closed_loop(LoadOptions(url, **(options | kwargs)), concurrency)
 
 
 def test_jobs_are_submitted_then_polled_until_final(tiny_server, response_bytes) -> None:
@@ -179,12 +179,14 @@ def test_jobs_in_an_open_loop(tiny_server, response_bytes) -> None:
         stats = JobStats()
         async with tiny_server(fake) as srv:
             res = await run_open_loop(
-                srv.url,
-                rate=400,
-                duration_s=0.05,
-                warmup_s=0,
-                requests=SUBMIT,
-                operation=jobs_operation(stats),
+                LoadOptions(
+                    srv.url,
+                    duration_s=0.05,
+                    warmup_s=0,
+                    requests=SUBMIT,
+                    operation=jobs_operation(stats),
+                ),
+                400,
                 seed=4,
             )
         assert res.requests == res.ok > 0
