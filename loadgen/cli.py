@@ -23,8 +23,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPClientError, HTTPConnection, parse_url
 from loadgen.http import run as run_loop
@@ -32,9 +30,7 @@ from loadgen.inputs import (
     ModelRef,
     bodies_from_file,
     build_requests,
-    encode_body,
-    generate_tensors,
-    input_specs,
+    generated_bodies,
     parse_model_url,
 )
 from loadgen.jobs import JobStats, jobs_operation
@@ -468,17 +464,15 @@ async def _bodies(
     params = dict(args.param)
     if document is not None:
         return bodies_from_file(document, binary=args.binary, parameters=params)
-    specs = input_specs(await fetch_metadata(ref))
-    rng = np.random.default_rng(args.seed)
-    overrides = dict(args.shape)
-    return [
-        encode_body(
-            generate_tensors(specs, rows=args.rows, rng=rng, overrides=overrides),
-            binary=args.binary,
-            parameters=params,
-        )
-        for _ in range(args.distinct)
-    ]
+    return generated_bodies(
+        await fetch_metadata(ref),
+        count=args.distinct,
+        rows=args.rows,
+        seed=args.seed,
+        binary=args.binary,
+        parameters=params,
+        overrides=dict(args.shape),
+    )
 
 
 def config_of(args: argparse.Namespace, url: str, ref: ModelRef) -> dict[str, Any]:
