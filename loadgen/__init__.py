@@ -19,7 +19,9 @@ Modules:
   a file, JSON or binary tensors;
 * :mod:`loadgen.report` — the self-contained HTML report; :mod:`loadgen.charts` — its charts and
   the PNG, drawn with matplotlib when the ``inferq[charts]`` extra is installed;
-* :mod:`loadgen.cli` — ``inferq loadgen`` (``python -m loadgen``).
+* :mod:`loadgen.cli` — ``inferq loadgen`` (``python -m loadgen``), its flags in
+  :mod:`loadgen.flags`;
+* ``loadgen/locustfile.py`` — the same workloads for Locust users (``inferq[locust]``).
 """
 
 from loadgen.closed import run_closed_loop
