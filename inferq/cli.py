@@ -20,8 +20,8 @@ import inferq
 from consumer.settings import WorkerSettings
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
-from runtime.options import add_flags, from_args
 from runtime.loops import EXIT_LOOP_FAILED
+from runtime.options import add_flags, from_args
 
 EXIT_OK = 0
 EXIT_USAGE = 2
