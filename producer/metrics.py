@@ -34,12 +34,12 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from protocol.keys import Keys
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
-from runtime.faults import RETRYABLE
 from runtime.lag import LagError, collect, dead_letters
 from runtime.metrics import (
     BYTES_BUCKETS,
@@ -310,7 +310,7 @@ class StreamGauges:
             try:
                 await self.refresh()
                 self._backoff.succeeded()
-            except (*RETRYABLE, LagError) as e:
+            except (RedisError, OSError, LagError) as e:  # runtime.faults.RETRYABLE and more
                 self.metrics.stream_refresh_failures.inc()
                 self._backoff.record(e)
             await asyncio.sleep(self.interval_s)

@@ -81,10 +81,12 @@ class RuntimeGauges:
 
     def track_loops(self, health: Callable[[], dict[str, bool]]) -> None:
         """Read each loop's health at scrape time (``runtime.loops.Loops.health``)."""
+
+        def reader(name: str) -> Callable[[], float]:
+            return lambda: float(health().get(name, False))
+
         for name in health():
-            self.loop_healthy.labels(name).set_function(
-                lambda name=name: float(health().get(name, False))
-            )
+            self.loop_healthy.labels(name).set_function(reader(name))
 
     def set_policy(self, policy: str, evicting: bool) -> None:
         if self._policy is not None and self._policy != policy:
