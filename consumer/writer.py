@@ -131,17 +131,19 @@ class ResultWriter:
         """Store what ``batch`` still needs and acknowledge ``acks`` in one pipeline; check each
         reply. Writes not fully stored go back on the queue; the first transient refusal is
         returned (the caller backs off). Raises what the pipeline as a whole raised."""
-        pipe = self._redis.pipeline(transaction=False)
         steps: list[tuple[_Write, str, int]] = []  # (write, step, replies it takes)
-        for write in batch:
-            for step, count in await self._queue_steps(pipe, write):
-                steps.append((write, step, count))
         by_stream: dict[str, list[bytes]] = {}
-        for stream, entry_id in self._ledger.ackable(acks):
-            by_stream.setdefault(stream, []).append(entry_id)
-        for stream, ids in by_stream.items():
-            pipe.xack(stream, GROUP, *ids)
-        replies = await pipe.execute(raise_on_error=False)
+        # As a context manager: redis-py keeps the connection when loading the job script
+        # fails (Redis down), unless the pipeline is reset.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for write in batch:
+                for step, count in await self._queue_steps(pipe, write):
+                    steps.append((write, step, count))
+            for stream, entry_id in self._ledger.ackable(acks):
+                by_stream.setdefault(stream, []).append(entry_id)
+            for stream, ids in by_stream.items():
+                pipe.xack(stream, GROUP, *ids)
+            replies = await pipe.execute(raise_on_error=False)
         self.flushes += 1
         refused = self._check_steps(steps, replies)
         self._check_acks(by_stream, replies[len(replies) - len(by_stream) :])

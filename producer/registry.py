@@ -167,6 +167,9 @@ class ModelRegistry:
             self.redis_ok = True
             self._last_refresh = time.monotonic()
             workers, known, policies = parse_snapshot(ids, replies)
+            # Models are never removed from the models hash, so one gone from it was lost with
+            # Redis's data (evicted, or a restart): still known here, served once workers are.
+            known = {**self._known, **known}
             self._workers, self._known, self._policies = workers, known, policies
             self.models = merge(workers, known, policies)
             self._queued_since = {}
