@@ -160,17 +160,20 @@ class Reader:
         # consumer's pending list. Read that list again (skipping what we hold).
         for slot in self._slots.values():
             slot.reread_pending()
-        if classify(error) is Fault.MISSING and not self._missing:
-            log.warning(
-                "a request stream or the consumer group is gone (evicted, deleted, or Redis "
-                "restarted empty); creating it again",
-                error=str(error),
-            )
-            self._stats.recreated += 1
+        if classify(error) is Fault.MISSING:
+            if not self._missing:
+                log.warning(
+                    "a request stream or the consumer group is gone (evicted, deleted, or Redis "
+                    "restarted empty); creating it again",
+                    error=str(error),
+                )
+                self._stats.recreated += 1
             self._missing = True
-            self._backoff.record(error)
-            return  # recreate at once
-        self._client_id = None
+            if self._backoff.healthy:
+                self._backoff.record(error)
+                return  # the first failure of a run: recreate at once, then back off
+        else:
+            self._client_id = None
         await self._backoff.failed(error)
 
     def _wanted(self) -> tuple[dict[str, str], int, bool]:

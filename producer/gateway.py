@@ -88,7 +88,7 @@ class Gateway:
             await self.replies.keepalive()
         except RETRYABLE as e:
             log.warning(
-                "Redis unreachable at start; serving 503 until it answers",
+                "Redis not usable at start; serving 503 until it is",
                 redis=redact(s.redis.url),
                 error=describe(e),
             )
