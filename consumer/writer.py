@@ -133,6 +133,7 @@ class ResultWriter:
         returned (the caller backs off). Raises what the pipeline as a whole raised."""
         steps: list[tuple[_Write, str, int]] = []  # (write, step, replies it takes)
         by_stream: dict[str, list[bytes]] = {}
+        ack_replies: dict[str, int] = {}  # stream -> where its XACK's reply is
         # As a context manager: redis-py keeps the connection when loading the job script
         # fails (Redis down), unless the pipeline is reset.
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -142,11 +143,12 @@ class ResultWriter:
             for stream, entry_id in self._ledger.ackable(acks):
                 by_stream.setdefault(stream, []).append(entry_id)
             for stream, ids in by_stream.items():
+                ack_replies[stream] = len(pipe)
                 pipe.xack(stream, GROUP, *ids)
             replies = await pipe.execute(raise_on_error=False)
         self.flushes += 1
         refused = self._check_steps(steps, replies)
-        self._check_acks(by_stream, replies[len(replies) - len(by_stream) :])
+        self._check_acks(by_stream, [replies[ack_replies[stream]] for stream in by_stream])
         self._finish(batch)
         return refused
 
