@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import inferq
-from inferq.argtypes import non_negative_float, positive_int
+from inferq.argtypes import non_negative_float, positive_float, positive_int
 from runtime.connections import RedisSettings
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -100,6 +100,29 @@ def _gateway_flags(e: _Env) -> None:
         type=positive_int,
         default=64 * 1024 * 1024,
         help="larger request bodies get 413",
+    )
+    e.add(
+        "--max-inflight-bytes",
+        env="INFERQ_MAX_INFLIGHT_BYTES",
+        type=positive_int,
+        default=256 * 1024 * 1024,
+        help="bytes of request bodies the gateway holds at once (read, queued, waiting); "
+        "beyond it requests get 429 with Retry-After",
+    )
+    e.add(
+        "--header-timeout-s",
+        env="INFERQ_HEADER_TIMEOUT_S",
+        type=positive_float,
+        default=10.0,
+        help="a connection that has not sent a request's complete headers this long after "
+        "opening (or after its next request's first byte) gets 408 and is closed",
+    )
+    e.add(
+        "--body-timeout-s",
+        env="INFERQ_BODY_TIMEOUT_S",
+        type=positive_float,
+        default=60.0,
+        help="a request body not fully received this long after its headers gets 408",
     )
     e.add(
         "--max-timeout-ms",
@@ -319,6 +342,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from producer.app import create_app
+    from producer.server import server_config
     from producer.settings import GatewaySettings
     from runtime.logging import configure
 
@@ -329,6 +353,9 @@ def run_gateway(args: argparse.Namespace) -> int:
         host=args.host,
         port=args.port,
         max_body_bytes=args.max_body_bytes,
+        max_inflight_bytes=args.max_inflight_bytes,
+        header_timeout_s=args.header_timeout_s,
+        body_timeout_s=args.body_timeout_s,
         max_timeout_ms=args.max_timeout_ms,
         result_ttl_s=args.result_ttl_s,
         max_backlog=args.max_backlog,
@@ -340,15 +367,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         admin_load_timeout_s=args.admin_load_timeout_s,
         log_level=args.log_level,
     )
-    uvicorn.run(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
+    uvicorn.Server(server_config(create_app(settings), settings)).run()
     return EXIT_OK
 
 

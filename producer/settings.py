@@ -22,6 +22,14 @@ class GatewaySettings:
     """Names this process's reply stream; unique per process."""
     max_body_bytes: int = 64 * 1024 * 1024
     """Larger request bodies are refused with 413."""
+    max_inflight_bytes: int = 256 * 1024 * 1024
+    """Bodies of the requests this gateway holds at once (being read, queued, waiting for their
+    answer): beyond it a request gets 429, and one larger than all of it 413."""
+    header_timeout_s: float = 10.0
+    """A connection that has not sent a request's complete headers this long after it opened
+    (or after the first byte of its next request) gets 408 and is closed."""
+    body_timeout_s: float = 60.0
+    """A request body that has not fully arrived this long after its headers gets 408."""
     max_timeout_ms: int = 300_000
     """Upper bound on any request's deadline, whatever the client asks for."""
     result_ttl_s: int = 60
