@@ -98,7 +98,14 @@ def test_serving_the_whole_repository_skips_a_model_that_cannot_load(
         worker = s.add_worker()
         assert list(worker.worker.slots) == ["digits"]
         assert "no version folders" in worker.worker.skipped["unbuilt"]
-        named = Worker(WorkerSettings(RedisSettings(redis_url), namespace, repo, ("unbuilt",)))
+        named = Worker(
+            WorkerSettings(
+                redis=RedisSettings(redis_url),
+                namespace=namespace,
+                model_repository=repo,
+                models=("unbuilt",),
+            )
+        )
         with pytest.raises(RepositoryError, match="no version folders"):
             asyncio.run(named.start())
     finally:
