@@ -43,7 +43,7 @@ from consumer.repository import ModelConfig, RepositoryError, list_models, load_
 from consumer.settings import WorkerSettings
 from consumer.writer import JobUpdate, Outgoing, ResultWriter
 from protocol import ProtocolError
-from protocol.cancellation import cancelled_of
+from protocol.cancellation import CHECK_AFTER_MS, cancelled_of
 from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status, Timings
@@ -637,9 +637,15 @@ class Worker:
     ) -> list[Queued[Delivery]]:
         """Acknowledge, unrun, the requests whose callers have gone (``protocol.cancellation``):
         one ZMSCORE for the whole batch. If Redis cannot say, they run (it only costs work)."""
-        ids = [q.item.request.id for q in batch if q.item.request.reply_to]
+        oldest = self.clock.now_ms() - CHECK_AFTER_MS
+        # Jobs (no caller waits on a reply stream) are cancelled through their record instead.
+        ids = [
+            q.item.request.id
+            for q in batch
+            if q.item.request.reply_to and q.item.request.enqueued_ms <= oldest
+        ]
         if not ids:
-            return batch  # jobs (no caller waits on a reply) are cancelled through their record
+            return batch
         assert self._redis is not None
         try:
             scores = await self._redis.zmscore(self.keys.cancelled(slot.model.name), ids)

@@ -297,7 +297,11 @@ class InferenceService:
         """One task per waiting request, only while it waits: abandon it if the caller goes."""
 
         async def watch() -> None:
-            await disconnected()
+            try:
+                await disconnected()
+            except Exception as e:  # a transport that cannot tell: keep waiting, as before
+                log.debug("cannot watch for the caller going away", error=str(e))
+                return
             self.abandon(request_id)
 
         task = asyncio.create_task(watch())

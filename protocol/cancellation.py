@@ -2,17 +2,24 @@
 
 When an HTTP client hangs up (or a gRPC call is cancelled) before its request ran, nobody will
 read the answer. The gateway adds the request id to the model's cancelled set
-(``Keys.cancelled(model)``, a sorted set scored by the request's deadline) with
-``MARK_SCRIPT``; a worker forming a batch asks once for all the batch's synchronous requests
-(``ZMSCORE``: one command per batch, not per request) and acknowledges the cancelled ones
-without running them. Members are pruned once their deadline has passed (a worker drops those
-anyway), and the set expires a minute after the last deadline it holds, so it stays small and
-never outlives its use. Marks are best effort: a request already in a running batch finishes.
+(``Keys.cancelled(model)``, a sorted set scored by the request's deadline) with ``MARK_SCRIPT``;
+a worker forming a batch asks once for all the batch's synchronous requests that have waited at
+least ``CHECK_AFTER_MS`` (``ZMSCORE``: one command per batch, not per request) and acknowledges
+the cancelled ones without running them. Members are pruned once their deadline has passed (a
+worker drops those anyway), and the set expires a minute after the last deadline it holds, so it
+stays small and never outlives its use. Marks are best effort: a request already in a running
+batch finishes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+CHECK_AFTER_MS = 10
+"""Requests younger than this (enqueued to batch, Redis clock) are not looked up: at low load
+every request is a batch of its own, and the lookup's round trip would add to every request's
+latency to catch a caller that hangs up within milliseconds. Abandoned requests are the ones
+that waited: behind a backlog, a paused or a missing worker."""
 
 KEEP_AFTER_DEADLINE_MS = 60_000
 """How long the set outlives the latest deadline in it (clock offsets between hosts)."""

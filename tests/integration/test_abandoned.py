@@ -10,12 +10,18 @@ import redis
 from starlette.testclient import TestClient
 
 from producer.app import create_app
+from protocol.cancellation import CHECK_AFTER_MS
 from protocol.keys import Keys
 from tests.support import sim_body, wait_until
 
 ABANDONED = 200
 MAX_RUN_SHARE = 0.05
 """The target: at most 5 % of abandoned requests still run."""
+
+
+def redis_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return seconds * 1000 + micros // 1000
 
 
 def send_and_hold(port: int, i: int) -> socket.socket:
@@ -89,5 +95,21 @@ def test_cancelling_the_task_that_waits_abandons_the_request_as_a_cancelled_grpc
             call.cancel()
             wait_until(lambda: app.state.gateway.replies.waiting == 0, what="the waiter gone")
             wait_until(lambda: r.zcard(Keys(s.namespace).cancelled("sim")) == 1, what="the mark")
+            old_enough = redis_ms(r) + CHECK_AFTER_MS  # workers look up requests that waited
+            wait_until(lambda: redis_ms(r) >= old_enough, what="the request to have waited")
         wait_until(lambda: worker.stats.cancelled == 1, what="the worker to drop it")
     assert worker.stats.requests == ran_before
+
+
+def test_requests_answered_at_once_cost_no_cancellation_lookup(stack, redis_url):
+    s = stack(models=("sim",))
+
+    def lookups(r: redis.Redis) -> int:
+        return int(r.info("commandstats").get("cmdstat_zmscore", {}).get("calls", 0))
+
+    with redis.Redis.from_url(redis_url) as r:
+        before = lookups(r)
+        with s.client() as c:
+            for i in range(20):  # one at a time: each its own batch, read as soon as queued
+                assert c.post("/v2/models/sim/infer", json=sim_body(i)).status_code == 200
+        assert lookups(r) - before <= 2  # a stalled machine may age one past CHECK_AFTER_MS
