@@ -10,7 +10,8 @@ What every transport (HTTP, gRPC) does around ``infer``:
 - hold the request body's bytes with ``hold_body()`` from the moment its size is known until the
   answer is sent (admission by memory, ``producer.inflight``);
 - tell the service when the caller goes away: pass ``disconnected`` (a coroutine function that
-  returns once the caller has hung up; it runs only while the request waits), or call
+  returns once the caller has hung up; it runs once the request has waited ``WATCH_AFTER_S``,
+  until it is answered), or call
   ``abandon(request_id)``. Cancelling the task running ``infer`` (what a cancelled gRPC call
   does) abandons the request too. An abandoned request stops being waited for at once, and a
   worker that has not started it drops it.
@@ -53,7 +54,7 @@ from producer.settings import GatewaySettings
 from producer.v2 import InferRequestBody, parse_infer_request
 from protocol import ProtocolError
 from protocol.cachekey import digest
-from protocol.cancellation import MARK_SCRIPT, mark_args
+from protocol.cancellation import CHECK_AFTER_MS, MARK_SCRIPT, mark_args
 from protocol.keys import Keys, Lane, is_valid_name
 from protocol.messages import FIELD, InferRequest, InferResult, Status
 from protocol.registry import ModelMetadata
@@ -62,6 +63,9 @@ from runtime.connections import RedisClock
 log = structlog.get_logger("inferq.gateway")
 
 _REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+WATCH_AFTER_S = CHECK_AFTER_MS / 1000
+"""Callers are watched once their request has waited as long as workers wait before they look
+for cancellations: a request answered sooner costs neither a watcher task nor a lookup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +123,8 @@ class InferenceService:
         self.router = VersionRouter()
         self.inflight = InflightBytes(settings.max_inflight_bytes)
         self._in_flight: dict[str, InFlight] = {}
-        self._watchers: set[asyncio.Task[None]] = set()
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        """Per request waiting longer than ``WATCH_AFTER_S``: the task watching its caller."""
 
     def hold_body(self) -> BodyHold:
         """A hold on request-body bytes against ``--max-inflight-bytes``: grow it as the body
@@ -229,7 +234,7 @@ class InferenceService:
         future = self.replies.expect(request_id)
         self._in_flight[request_id] = InFlight(name, request.deadline_ms, future)
         self.waiting[name] += 1
-        watcher: asyncio.Task[None] | None = None
+        watch: asyncio.TimerHandle | None = None
         try:
             await self._redis(
                 "XADD", self.keys.stream(name, lane), "*", FIELD, request.encode(), model=name
@@ -246,7 +251,9 @@ class InferenceService:
             )
             remaining = sched.timeout_ms / 1000 - (time.monotonic() - started)
             if disconnected is not None:
-                watcher = self._watch(disconnected, request_id)
+                watch = asyncio.get_running_loop().call_later(
+                    WATCH_AFTER_S, self._watch, disconnected, request_id
+                )
             result = await self.replies.wait(future, remaining)
         except TimeoutError:
             raise GatewayTimeout(
@@ -258,8 +265,11 @@ class InferenceService:
             self.abandon(request_id)  # e.g. a cancelled gRPC call
             raise
         finally:
-            if watcher is not None:
-                watcher.cancel()
+            if watch is not None:
+                watch.cancel()
+                watcher = self._watchers.pop(request_id, None)
+                if watcher is not None:
+                    watcher.cancel()
             self._in_flight.pop(request_id, None)
             self.replies.forget(request_id)
             self.waiting[name] -= 1
@@ -291,10 +301,10 @@ class InferenceService:
         log.debug("request abandoned by its caller", request_id=request_id, model=pending.model)
         return True
 
-    def _watch(
-        self, disconnected: Callable[[], Awaitable[None]], request_id: str
-    ) -> asyncio.Task[None]:
-        """One task per waiting request, only while it waits: abandon it if the caller goes."""
+    def _watch(self, disconnected: Callable[[], Awaitable[None]], request_id: str) -> None:
+        """Watch the caller of a request that has waited ``WATCH_AFTER_S``: one task per such
+        request while it waits. Most requests are answered sooner and never cost a task; a
+        caller that hung up before is seen at once (its ``receive`` returns at once)."""
 
         async def watch() -> None:
             try:
@@ -304,10 +314,8 @@ class InferenceService:
                 return
             self.abandon(request_id)
 
-        task = asyncio.create_task(watch())
-        self._watchers.add(task)
-        task.add_done_callback(self._watchers.discard)
-        return task
+        if request_id in self._in_flight:
+            self._watchers[request_id] = asyncio.create_task(watch())
 
     def _admit(
         self, name: str, workers: int, max_batch: int, lane: Lane, deadline_s: float
