@@ -1,10 +1,12 @@
 """One dispatcher per served model: asks the batch policy when to run, drops what expired,
-claims the batch's async jobs, runs the batch on the model's own thread (the event loop keeps
-reading meanwhile), and hands every outcome to the writer.
+drops requests whose callers have gone (``protocol.cancellation``), claims the batch's async
+jobs, runs the batch on the model's own thread (the event loop keeps reading meanwhile), and
+hands every outcome to the writer.
 
-Claiming jobs is the dispatcher's only Redis command. When Redis refuses it, the jobs go back to
-the queue and the dispatcher backs off before it tries again; the synchronous requests of the
-batch run meanwhile.
+Its Redis commands are the cancellation lookup and the job claim. When Redis cannot answer the
+lookup the requests run (it only costs work); when it refuses the claim, the jobs go back to the
+queue and the dispatcher backs off before it tries again, while the synchronous requests of the
+batch run.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import time
 from collections.abc import Callable
 
+import redis.asyncio as aioredis
 import structlog
 from redis.commands.core import AsyncScript
 
@@ -24,6 +27,7 @@ from consumer.model import rows_of
 from consumer.outgoing import Outcomes, Outgoing
 from consumer.slots import Delivery, ModelSlot
 from consumer.stats import WorkerStats
+from protocol.cancellation import CHECK_AFTER_MS, cancelled_of
 from protocol.jobs import JobStatus, transition_args
 from protocol.keys import Keys
 from protocol.messages import Kind, Status
@@ -39,6 +43,7 @@ class Dispatcher:
         self,
         slot: ModelSlot,
         *,
+        redis: aioredis.Redis,
         worker_id: str,
         keys: Keys,
         ledger: Ledger,
@@ -53,6 +58,7 @@ class Dispatcher:
         backoff: Backoff,
     ) -> None:
         self.slot = slot
+        self._redis = redis
         self._worker_id = worker_id
         self._keys = keys
         self._ledger = ledger
@@ -87,7 +93,8 @@ class Dispatcher:
             slot.busy = True
             self._wake_reader()
             try:
-                batch = await self._claim_jobs(slot.queue.take(slot.batch_limit()))
+                taken = await self._drop_cancelled(slot.queue.take(slot.batch_limit()))
+                batch = await self._claim_jobs(taken)
                 if batch:
                     await self._run_batch(batch)
             finally:
@@ -111,6 +118,34 @@ class Dispatcher:
             )
         self._put([self._outcomes.expired(d) for d in expired])
         self._wake_reader()
+
+    async def _drop_cancelled(self, batch: list[Queued[Delivery]]) -> list[Queued[Delivery]]:
+        """Acknowledge, unrun, the requests whose callers have gone (``protocol.cancellation``):
+        one ZMSCORE for the whole batch. If Redis cannot say, they run (it only costs work)."""
+        oldest = self._now_ms() - CHECK_AFTER_MS
+        # Jobs (no caller waits on a reply stream) are cancelled through their record instead.
+        ids = [
+            q.item.request.id
+            for q in batch
+            if q.item.request.reply_to and q.item.request.enqueued_ms <= oldest
+        ]
+        if not ids:
+            return batch
+        model = self.slot.model.name
+        try:
+            scores = await self._redis.zmscore(self._keys.cancelled(model), ids)
+        except RETRYABLE as e:
+            log.warning("could not check for cancelled requests", error=str(e))
+            return batch
+        gone = cancelled_of(ids, scores)
+        if not gone:
+            return batch
+        dropped = [q.item for q in batch if q.item.request.id in gone]
+        self._stats.cancelled += len(dropped)
+        self._metrics.observe_cancelled(model, len(dropped))
+        log.info("requests dropped: their callers have gone", model=model, count=len(dropped))
+        self._put([self._outcomes.nothing(*d.entry) for d in dropped])
+        return [q for q in batch if q.item.request.id not in gone]
 
     async def _claim_jobs(self, batch: list[Queued[Delivery]]) -> list[Delivery]:
         """Mark the batch's async jobs running; drop those cancelled or expired meanwhile.

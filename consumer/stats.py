@@ -19,6 +19,8 @@ class WorkerStats:
     dead_lettered: int = 0
     skipped_jobs: int = 0
     """Jobs read but not run: cancelled, expired or already finished."""
+    cancelled: int = 0
+    """Requests dropped unrun because their callers had gone (``protocol.cancellation``)."""
     recreated: int = 0
     """Times a request stream or the consumer group had vanished and was created again."""
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))

@@ -283,8 +283,10 @@ class Worker:
     def _dispatcher(self, slot: ModelSlot) -> Dispatcher:
         assert self._writer is not None and self._reader is not None
         reader = self._reader
+        assert self._redis is not None
         return Dispatcher(
             slot,
+            redis=self._redis,
             worker_id=self.id,
             keys=self.keys,
             ledger=self.ledger,

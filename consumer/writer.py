@@ -6,6 +6,9 @@ gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recrea
 record's transition, or the dead letter. Flushes coalesce: results finished while one pipeline is
 in flight go out together in the next.
 
+Acknowledged entries leave their stream at once: a trim (``consumer.trim``) rides with each
+stream's XACK (it never fails: no stream or group trims nothing).
+
 Nothing is acknowledged that is not stored. Every reply of the pipeline is checked: a step Redis
 refused (out of memory, READONLY, MOVED, TRYAGAIN, a lost connection) is retried, alone, with
 backoff, and the entry stays pending meanwhile; steps that succeeded are not repeated. Only when
@@ -32,6 +35,7 @@ from redis.commands.core import AsyncScript
 from consumer.ledger import Entry, Ledger
 from consumer.metrics import WorkerMetrics
 from consumer.outgoing import Outgoing
+from consumer.trim import TRIM_SCRIPT
 from protocol.keys import DLQ_MAXLEN, GROUP, JOB_EVENTS_MAXLEN
 from protocol.messages import FIELD, JOB_EVENT_FIELD
 from runtime.aio import cancelling
@@ -71,6 +75,7 @@ class ResultWriter:
         self._ledger = ledger
         self._job_events = job_events
         self._transition = transition
+        self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
         self._metrics = metrics
         self._backoff = backoff or Backoff("writer", log)
         self._queue: list[_Write] = []
@@ -145,6 +150,8 @@ class ResultWriter:
             for stream, ids in by_stream.items():
                 ack_replies[stream] = len(pipe)
                 pipe.xack(stream, GROUP, *ids)
+                # The payloads just acknowledged leave Redis now, not at the next periodic trim.
+                await self._trim(keys=[stream], args=[GROUP], client=pipe)
             replies = await pipe.execute(raise_on_error=False)
         self.flushes += 1
         refused = self._check_steps(steps, replies)

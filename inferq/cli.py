@@ -80,23 +80,14 @@ def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from producer.app import create_app
+    from producer.server import server_config
     from producer.settings import GatewaySettings
     from runtime.logging import configure
 
     configure(args.log_level)
     settings: GatewaySettings = from_args(GatewaySettings, args)
     app = create_app(settings)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=10,
-        )
-    )
+    server = uvicorn.Server(server_config(app, settings))
     gateway = app.state.gateway
 
     def stop_server() -> None:
