@@ -26,8 +26,6 @@ from tests.support import GatewayThread, Stack, WorkerThread, sim_body, wait_unt
 
 pytestmark = pytest.mark.integration
 
-OOM = "maxmemory"
-
 
 @pytest.fixture
 def own_redis() -> Iterator[RedisServer]:
