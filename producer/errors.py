@@ -6,6 +6,9 @@ error body ``{"error": "..."}``. Messages are written for the person who sent th
 
 from __future__ import annotations
 
+INTERNAL_MESSAGE = "internal error in the gateway; see its log"
+"""What a caller is told of an unexpected exception; the details go to the gateway's log."""
+
 
 class GatewayError(Exception):
     status: int = 500

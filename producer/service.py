@@ -12,6 +12,7 @@ import itertools
 import secrets
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,11 +149,32 @@ class InferenceService:
         no_cache: bool = False,
         traceparent: str | None = None,
     ) -> InferOutcome:
+        """An inference whose request is a V2 HTTP body (JSON, or JSON plus binary tensors)."""
+        return await self.infer_decoded(
+            name,
+            version,
+            lambda meta: parse_infer_request(raw, header_length, meta),
+            no_cache=no_cache,
+            traceparent=traceparent,
+        )
+
+    async def infer_decoded(
+        self,
+        name: str,
+        version: str | None,
+        decode: Callable[[ModelMetadata], InferRequestBody],
+        *,
+        no_cache: bool = False,
+        traceparent: str | None = None,
+    ) -> InferOutcome:
+        """An inference whose request the transport decodes (and validates) once the model is
+        known: ``decode(metadata)`` returns the body or raises BadRequest. Every transport ends
+        here, so validation, cache, admission, routing and priority are the same for all."""
         started = time.monotonic()
         entry, version = await self.model(name, version)
         ROUTED_VERSION.set(version)
         meta = entry.metadata
-        body = parse_infer_request(raw, header_length, meta)
+        body = decode(meta)
         sched = self.schedule(meta, body, no_cache=no_cache)
         if entry.workers == 0:
             self.metrics.observe_rejected(name, "no_workers")

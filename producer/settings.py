@@ -18,6 +18,8 @@ class GatewaySettings:
     namespace: str = "inferq"
     host: str = "127.0.0.1"
     port: int = 8000
+    grpc_port: int = 8001
+    """Port of the Open Inference Protocol over gRPC, on ``host`` too (Triton's); 0 turns it off."""
     gateway_id: str = field(default_factory=default_gateway_id)
     """Names this process's reply stream; unique per process."""
     max_body_bytes: int = 64 * 1024 * 1024
