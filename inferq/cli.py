@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import inferq
-from inferq.argtypes import non_negative_float, positive_int
+from inferq.argtypes import non_negative_float, port_or_off, positive_int
 from runtime.connections import RedisSettings
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -94,6 +94,13 @@ def _redis_flags(e: _Env) -> None:
 def _gateway_flags(e: _Env) -> None:
     e.add("--host", env="INFERQ_HOST", default="127.0.0.1", help="address to listen on")
     e.add("--port", env="INFERQ_PORT", type=int, default=8000, help="HTTP port")
+    e.add(
+        "--grpc-port",
+        env="INFERQ_GRPC_PORT",
+        type=port_or_off,
+        default=8001,
+        help="port of the Open Inference Protocol over gRPC, on the same --host (0: off)",
+    )
     e.add(
         "--max-body-bytes",
         env="INFERQ_MAX_BODY_BYTES",
@@ -328,6 +335,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         host=args.host,
         port=args.port,
+        grpc_port=args.grpc_port,
         max_body_bytes=args.max_body_bytes,
         max_timeout_ms=args.max_timeout_ms,
         result_ttl_s=args.result_ttl_s,

@@ -30,6 +30,8 @@ def test_every_subcommand_has_complete_help(capsys):
         "--workers",
         "--host",
         "--port",
+        "--grpc-port",
+        "INFERQ_GRPC_PORT",
         "--model-repository",
         "--models",
         "--max-batch",
@@ -57,6 +59,14 @@ def test_environment_variables_set_defaults_and_flags_win():
         "digits",
     )
     assert parser.parse_args(["worker", "--max-batch", "4"]).max_batch == 4
+
+
+def test_grpc_listens_on_8001_by_default_and_0_turns_it_off():
+    assert build_parser({}).parse_args(["gateway"]).grpc_port == 8001
+    assert build_parser({"INFERQ_GRPC_PORT": "0"}).parse_args(["up"]).grpc_port == 0
+    assert build_parser({}).parse_args(["up", "--grpc-port", "9001"]).grpc_port == 9001
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["gateway", "--grpc-port", "70000"])
 
 
 def test_a_bad_environment_value_is_a_usage_error(capsys):
@@ -116,6 +126,8 @@ def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
             "redis://127.0.0.1:1/0",
             "--port",
             str(port),
+            "--grpc-port",
+            "0",
             "--workers",
             "2",
             "--log-level",
