@@ -9,12 +9,12 @@ renamed (see ``protocol.grpc``); everything else a generated binding does is the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
-from google.protobuf.message import Message
+from google.protobuf.message import DecodeError, Message
 
 from protocol.grpc import inferq_v2_pb2 as pb
 
@@ -62,9 +62,11 @@ def _serializer(message: Message) -> bytes:
 
 
 def generic_handler(servicer: object) -> grpc.GenericRpcHandler:
-    """The server-side binding of every method ``servicer`` defines (an async method named as
-    the RPC, taking ``(request, context)``, or ``(request_iterator, context)`` for a stream);
-    methods it lacks answer UNIMPLEMENTED, as gRPC does for any unknown method."""
+    """The ``grpc.aio`` server-side binding of every method ``servicer`` defines: an async
+    method named as the RPC, taking ``(request, context)``, or ``(requests, context)`` (an async
+    iterator) for a client stream. Methods it lacks answer UNIMPLEMENTED, as gRPC does for any
+    unknown method. A message that does not decode is INVALID_ARGUMENT (gRPC's own deserializer
+    would answer UNKNOWN)."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in METHODS.values():
         behaviour = getattr(servicer, method.name, None)
@@ -78,12 +80,38 @@ def generic_handler(servicer: object) -> grpc.GenericRpcHandler:
             make = grpc.unary_stream_rpc_method_handler
         else:
             make = grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = make(
-            behaviour,
-            request_deserializer=method.request.FromString,
-            response_serializer=_serializer,
-        )
+        handlers[method.name] = make(_decoding(method, behaviour), response_serializer=_serializer)
     return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+
+def _decoding(method: Method, behaviour: Callable[..., Any]) -> Callable[..., Any]:
+    if method.client_streaming:
+
+        async def stream(raw_requests: AsyncIterator[bytes], context: Any) -> Any:
+            async def requests() -> AsyncIterator[Message]:
+                async for raw in raw_requests:
+                    yield await _decode(method, raw, context)
+
+            return await behaviour(requests(), context)
+
+        return stream
+
+    async def unary(raw: bytes, context: Any) -> Any:
+        return await behaviour(await _decode(method, raw, context), context)
+
+    return unary
+
+
+async def _decode(method: Method, raw: bytes, context: Any) -> Message:
+    try:
+        return method.request.FromString(raw)
+    except DecodeError:
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"the request is not a valid inference.{method.request.DESCRIPTOR.name} message "
+            "(protobuf cannot decode it)",
+        )
+        raise  # abort raises; this is for type checkers
 
 
 class Stub:
