@@ -21,6 +21,7 @@ import pytest
 from inferq.redisserver import free_port
 from protocol.grpc import inferq_v2_pb2 as pb
 from protocol.grpc.service import SERVICE, Stub
+from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -249,3 +250,24 @@ def test_undecodable_and_oversized_messages_get_clean_statuses(grpc_stack):
             unknown(b"", timeout=10)
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED
         assert Stub(channel).ServerLive(pb.ServerLiveRequest(), timeout=10).live
+
+
+def test_a_cancelled_call_stops_waiting_like_a_disconnected_http_client(grpc_stack):
+    gateway = grpc_stack.gateway.gateway
+    request = pb.ModelInferRequest(model_name="hold")  # 3 s a batch
+    request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
+    request.raw_input_contents.append(bytes(16))
+    with grpc.insecure_channel(grpc_stack.gateway.grpc_target) as channel:
+        call = Stub(channel).ModelInfer.future(request, timeout=30)
+        wait_until(lambda: gateway.service.waiting["hold"] == 1, what="the call to be queued")
+        assert call.cancel()
+        wait_until(
+            lambda: gateway.service.waiting["hold"] == 0 and gateway.replies.waiting == 0,
+            what="the gateway to stop waiting for the cancelled call",
+        )
+    assert call.cancelled()
+    cancelled = gateway.metrics.registry.get_sample_value(
+        "inferq_gateway_requests_total",
+        {"model": "hold", "version": "1", "endpoint": "infer", "status": "499", "protocol": "grpc"},
+    )
+    assert cancelled == 1
