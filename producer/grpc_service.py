@@ -2,8 +2,8 @@
 inference service, registry and model admin the HTTP routes use.
 
 Errors are the gateway's own (``producer.errors``), turned into a gRPC status by one table keyed
-by their HTTP status, with the same message. Every call is counted in the same request metrics
-as HTTP, with ``protocol="grpc"`` and the HTTP status its gRPC code stands for.
+by their HTTP status (``protocol.grpc.status``), with the same message. Every call is counted in
+the same request metrics as HTTP, with ``protocol="grpc"`` and the HTTP status of its answer.
 
 Deadlines: a call's gRPC deadline becomes the request's V2 ``timeout`` (the smaller of the two
 when both are given); the service caps it by ``--max-timeout-ms`` as it does for HTTP. A call the
@@ -29,6 +29,7 @@ from producer.instrument import known_labels
 from producer.routing import ROUTED_VERSION
 from producer.tracing import traceparent
 from protocol.grpc import inferq_v2_pb2 as pb
+from protocol.grpc.status import grpc_code
 
 if TYPE_CHECKING:
     from producer.gateway import Gateway
@@ -37,31 +38,12 @@ log = structlog.get_logger("inferq.gateway")
 
 T = TypeVar("T")
 
-STATUS_CODES: dict[int, grpc.StatusCode] = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ABORTED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    415: grpc.StatusCode.INVALID_ARGUMENT,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    500: grpc.StatusCode.INTERNAL,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
-"""The gRPC status of each ``GatewayError.status`` (every class in ``producer.errors``)."""
-
 CLIENT_CLOSED = 499
 """The status recorded in metrics for a call the client cancelled (nginx's convention)."""
 
 EXTENSIONS = ["schedule_policy", "model_repository", "streaming"]
 """What ``ServerMetadata`` lists: the V2 priority/timeout parameters, the repository RPCs and
 ``ModelStreamInfer``. The HTTP-only binary tensor and async jobs extensions are not offered here."""
-
-
-def grpc_status(error: GatewayError) -> grpc.StatusCode:
-    return STATUS_CODES.get(error.status, grpc.StatusCode.UNKNOWN)
 
 
 class InferenceServicer:
@@ -323,7 +305,7 @@ class InferenceServicer:
 async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> NoReturn:
     if error.retry_after_s is not None:
         context.set_trailing_metadata((("retry-after", str(max(1, round(error.retry_after_s)))),))
-    await context.abort(grpc_status(error), error.message)
+    await context.abort(grpc_code(error.status), error.message)
     raise AssertionError("context.abort returned")  # it raises; this tells type checkers
 
 

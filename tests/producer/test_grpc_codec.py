@@ -15,8 +15,8 @@ from producer.grpc_codec import (
     encode_infer_response,
     parameter_values,
 )
-from producer.grpc_service import STATUS_CODES, grpc_status
 from protocol.grpc import inferq_v2_pb2 as pb
+from protocol.grpc.status import GRPC_CODES, grpc_code, http_status
 from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import BYTES, DTYPES, Tensor
 
@@ -155,7 +155,7 @@ def test_every_gateway_error_has_the_grpc_status_of_its_http_status():
     ]
     assert len(classes) >= 12
     for cls in classes:
-        assert cls.status in STATUS_CODES, cls
+        assert cls.status in GRPC_CODES, cls
     expected = {
         400: "INVALID_ARGUMENT",
         401: "UNAUTHENTICATED",
@@ -169,5 +169,8 @@ def test_every_gateway_error_has_the_grpc_status_of_its_http_status():
         504: "DEADLINE_EXCEEDED",
     }
     for status, name in expected.items():
-        assert STATUS_CODES[status] is getattr(grpc.StatusCode, name)
-    assert grpc_status(errors.TooManyRequests("x")) is grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert GRPC_CODES[status] is getattr(grpc.StatusCode, name)
+        back = {"INVALID_ARGUMENT": 400, "RESOURCE_EXHAUSTED": 429}.get(name, status)
+        assert http_status(GRPC_CODES[status]) == back
+    assert grpc_code(errors.TooManyRequests("x").status) is grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert http_status(grpc.StatusCode.OK) == 200 and http_status(grpc.StatusCode.DATA_LOSS) == 500
