@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from loadgen.http import ConnectError, HTTPClientError, HTTPConnection, PreparedRequest
 from loadgen.recorder import Recorder
@@ -40,6 +41,7 @@ async def run_closed_loop(
     timeout_s: float = 30.0,
     connect_timeout_s: float = 5.0,
     operation: OperationFactory | None = None,
+    connection: Callable[[], Any] | None = None,
     recorder: Recorder | None = None,
     stop: asyncio.Event | None = None,
 ) -> LoadResult:
@@ -48,7 +50,9 @@ async def run_closed_loop(
     The workload is either ``requests`` (one or more :class:`PreparedRequest`, paths relative to
     the URL's server; worker *i* starts at request *i* and cycles through them) or a single
     ``method`` request to the URL's path with ``body`` and ``headers``.  ``operation`` changes
-    what one unit of work is (default: send the request; see :mod:`loadgen.workload`).
+    what one unit of work is (default: send the request; see :mod:`loadgen.workload`), and
+    ``connection`` makes the loop's connections for another transport (with an operation that
+    uses them: :mod:`loadgen.grpc_client`; default: HTTP keep-alive connections to the URL).
 
     Timeline: connections are opened first (not timed), then ``warmup_s`` of unrecorded
     requests, then the measurement window of ``duration_s``.  A request's latency and status
@@ -84,7 +88,9 @@ async def run_closed_loop(
     stopping = stop.is_set if stop is not None else (lambda: False)
 
     conns = [
-        HTTPConnection(
+        connection()
+        if connection is not None
+        else HTTPConnection(
             target.host,
             target.port,
             host_header=target.host_header,

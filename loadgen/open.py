@@ -23,7 +23,8 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from loadgen.closed import CONNECT_BACKOFF_S, DEFAULT_MAX_REQUESTS
 from loadgen.http import ConnectError, HTTPClientError, HTTPConnection, PreparedRequest
@@ -64,6 +65,7 @@ async def run_open_loop(
     connections: int | None = None,
     seed: int = 0,
     operation: OperationFactory | None = None,
+    connection: Callable[[], Any] | None = None,
     recorder: Recorder | None = None,
     stop: asyncio.Event | None = None,
 ) -> LoadResult:
@@ -120,12 +122,16 @@ async def run_open_loop(
             ok_in_window += ok
 
     def new_connection() -> HTTPConnection:
-        conn = HTTPConnection(
-            target.host,
-            target.port,
-            host_header=target.host_header,
-            timeout=timeout_s,
-            connect_timeout=connect_timeout_s,
+        conn = (
+            connection()
+            if connection is not None
+            else HTTPConnection(
+                target.host,
+                target.port,
+                host_header=target.host_header,
+                timeout=timeout_s,
+                connect_timeout=connect_timeout_s,
+            )
         )
         conns.append(conn)
         rec.opened_connection()
