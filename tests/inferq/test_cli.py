@@ -190,3 +190,35 @@ def test_up_without_redis_says_how_to_install_it(tmp_path):
     )
     assert result.returncode == 1
     assert "install Redis" in result.stderr
+
+
+def test_gateway_exits_with_a_clear_message_when_the_grpc_port_is_taken(tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # no SO_REUSEPORT: nothing may share it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "inferq",
+                "gateway",
+                "--redis",
+                "redis://127.0.0.1:1/0",
+                "--port",
+                str(free_port()),
+                "--grpc-port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=tmp_path,
+            timeout=60,
+        )
+    assert result.returncode != 0
+    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in result.stdout + result.stderr

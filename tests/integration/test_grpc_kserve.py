@@ -271,3 +271,19 @@ def test_a_cancelled_call_stops_waiting_like_a_disconnected_http_client(grpc_sta
         {"model": "hold", "version": "1", "endpoint": "infer", "status": "499", "protocol": "grpc"},
     )
     assert cancelled == 1
+
+
+def test_two_gateways_on_one_host_share_the_grpc_port(stack):
+    """As `inferq up --gateways N` runs them: both listen (SO_REUSEPORT); when one stops, new
+    connections reach the other."""
+    port = free_port()
+    s = stack(grpc_port=port)
+    first = s.gateway
+    second = s.start_gateway(grpc_port=port)
+    assert second.server.started
+    first.stop()
+    s.wait_ready("digits")  # over HTTP, on the second gateway
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        request = raw([1, 64], np.array(SAMPLES["inputs"][4:5], np.float32).tobytes())
+        answer = Stub(channel).ModelInfer(request, timeout=10)
+    assert np.frombuffer(answer.raw_output_contents[1], "<i8").tolist() == SAMPLES["labels"][4:5]

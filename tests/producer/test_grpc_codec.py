@@ -3,12 +3,10 @@ tensors the HTTP parser makes, and answers come back the way the request came.""
 
 from __future__ import annotations
 
-import grpc
 import numpy as np
 import pytest
 
-import producer.errors as errors
-from producer.errors import BadRequest, GatewayError
+from producer.errors import BadRequest
 from producer.grpc_codec import (
     TYPED_FIELDS,
     decode_infer_request,
@@ -16,7 +14,6 @@ from producer.grpc_codec import (
     parameter_values,
 )
 from protocol.grpc import inferq_v2_pb2 as pb
-from protocol.grpc.status import GRPC_CODES, grpc_code, http_status
 from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import BYTES, DTYPES, Tensor
 
@@ -147,30 +144,3 @@ def test_answers_are_raw_unless_the_request_was_typed():
         client_id=None, model_name="m", model_version="1", outputs=[z, half], typed=True
     )
     assert list(mixed.raw_output_contents) == [z.data, half.data]
-
-
-def test_every_gateway_error_has_the_grpc_status_of_its_http_status():
-    classes = [
-        c for c in vars(errors).values() if isinstance(c, type) and issubclass(c, GatewayError)
-    ]
-    assert len(classes) >= 12
-    for cls in classes:
-        assert cls.status in GRPC_CODES, cls
-    expected = {
-        400: "INVALID_ARGUMENT",
-        401: "UNAUTHENTICATED",
-        403: "PERMISSION_DENIED",
-        404: "NOT_FOUND",
-        409: "ABORTED",
-        413: "RESOURCE_EXHAUSTED",
-        429: "RESOURCE_EXHAUSTED",
-        500: "INTERNAL",
-        503: "UNAVAILABLE",
-        504: "DEADLINE_EXCEEDED",
-    }
-    for status, name in expected.items():
-        assert GRPC_CODES[status] is getattr(grpc.StatusCode, name)
-        back = {"INVALID_ARGUMENT": 400, "RESOURCE_EXHAUSTED": 429}.get(name, status)
-        assert http_status(GRPC_CODES[status]) == back
-    assert grpc_code(errors.TooManyRequests("x").status) is grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert http_status(grpc.StatusCode.OK) == 200 and http_status(grpc.StatusCode.DATA_LOSS) == 500
