@@ -32,6 +32,7 @@ from protocol.grpc import inferq_v2_pb2 as pb
 from protocol.grpc.status import grpc_code
 
 if TYPE_CHECKING:
+    from producer.admin import ModelAdmin
     from producer.gateway import Gateway
 
 log = structlog.get_logger("inferq.gateway")
@@ -238,7 +239,7 @@ class InferenceServicer:
 
         return await self._unary(context, "other", work)
 
-    def _admin(self, context: grpc.aio.ServicerContext) -> Any:
+    def _admin(self, context: grpc.aio.ServicerContext) -> ModelAdmin:
         admin = self.gateway.admin
         admin.authorize(_metadata(context).get("authorization"))
         return admin
