@@ -372,7 +372,6 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
                 grpc_server = GrpcServer(gateway)
                 await grpc_server.start()
-                app.state.grpc = grpc_server
             yield
         finally:
             if grpc_server is not None:
