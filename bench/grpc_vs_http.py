@@ -13,7 +13,10 @@ Models: ``digits`` (the example, 64 -> 10) and ``medium``, an MLP of 1024 -> 204
 2048 -> 1000 (12.5 M parameters, the size issue 14 measures) with RANDOM weights written here
 with onnx.helper: its figures are about moving 4 KB in and 4 KB out per row, not about any
 trained model. Writes bench/results/grpc_vs_http.json with the git revision and the command.
-Loopback only; every cell is bounded in time and count.
+Last, the transports alone (``--transport-seconds``, default 4 s a cell, c=16): a trivial
+ModelInfer handler on grpc.aio (uvloop) and a trivial POST route on uvicorn + Starlette, each in
+a process of its own with nothing behind it, for the CPU each protocol's server side costs per
+request before any inferq code runs. Loopback only; every cell is bounded in time and count.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import itertools
 import json
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import ROOT, Service, git_revision, machine, markdown_table, save
+from inferq.redisserver import free_port
 from loadgen.cli import main as loadgen
 
 PROTOCOLS = ("grpc", "http-json", "http-binary")
@@ -200,12 +206,117 @@ def cell(
     }
 
 
+def serve_transport(kind: str, port: int) -> None:
+    """The transport alone (``--serve``): a trivial V2 infer handler, nothing behind it."""
+    if kind == "grpc":
+        import grpc
+        import uvloop
+
+        from protocol.grpc import inferq_v2_pb2 as pb
+        from protocol.grpc.service import generic_handler
+
+        class Echo:
+            async def ModelInfer(self, request: Any, context: Any) -> Any:
+                return pb.ModelInferResponse(model_name=request.model_name)
+
+        async def run() -> None:
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers((generic_handler(Echo()),))
+            server.add_insecure_port(f"127.0.0.1:{port}")
+            await server.start()
+            await server.wait_for_termination()
+
+        uvloop.run(run())
+        return
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def infer(request: Request) -> Response:
+        await request.body()
+        return Response(b'{"model_name":"m","outputs":[]}', media_type="application/json")
+
+    app = Starlette(routes=[Route("/v2/models/m/infer", infer, methods=["POST"])])
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def transport_cell(kind: str, concurrency: int, duration_s: float) -> dict[str, Any]:
+    """Load a trivial handler of one transport (a subprocess); its CPU per request."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind, str(port)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError(f"the {kind} transport server did not start")
+            time.sleep(0.1)
+        folder = Path(tempfile.mkdtemp())
+        digit = {"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}
+        (folder / "in.json").write_text(json.dumps({"inputs": [digit]}))
+        url = f"http://127.0.0.1:{port}"
+        target = ["--protocol", "grpc", "--url", url] if kind == "grpc" else ["--url", url]
+        argv = [
+            *target,
+            *(["--binary"] if kind == "http-binary" else []),
+            "-m",
+            "m",
+            "--input-file",
+            str(folder / "in.json"),
+            "-c",
+            str(concurrency),
+            "-d",
+            f"{duration_s}s",
+            "--warmup",
+            "0.5s",
+            "--json",
+            str(folder / "out.json"),
+            "--no-progress",
+        ]
+        before = cpu_s(server.pid)
+        with contextlib.redirect_stdout(io.StringIO()):
+            loadgen(argv, environ={})
+        used = cpu_s(server.pid) - before
+        result = json.loads((folder / "out.json").read_text())
+        shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        server.terminate()
+        server.wait(10)
+    sent = result["requests"] + result["warmup_requests"]
+    return {
+        "transport": kind,
+        "concurrency": concurrency,
+        "rps": result["ok_rps"],
+        "p50_ms": result["latency_ms"].get("p50"),
+        "p99_ms": result["latency_ms"].get("p99"),
+        "server_cpu_us_per_request": used / sent * 1e6 if sent else None,
+        "client_cpu_us_per_request": result["client_cpu_s"] / result["requests"] * 1e6,
+        "load_average": os.getloadavg()[0],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=6.0, help="measured seconds per cell")
     parser.add_argument("--levels", default="1,64", help="closed-loop concurrency levels")
     parser.add_argument("--models", default="digits,medium")
+    parser.add_argument(
+        "--transport-seconds",
+        type=float,
+        default=4.0,
+        help="seconds per cell of the transport-alone comparison (0: skip it)",
+    )
+    parser.add_argument("--serve", nargs=2, metavar=("KIND", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.serve:
+        serve_transport(args.serve[0], int(args.serve[1]))
+        return
     levels = [int(v) for v in args.levels.split(",")]
     models = [m for m in args.models.split(",") if m]
     started = time.time()
@@ -256,6 +367,17 @@ def main() -> None:
         rows,
     )
     print("\n" + table)
+    transport = []
+    if args.transport_seconds > 0:
+        for kind in ("grpc", "http-binary"):
+            t = transport_cell(kind, 16, args.transport_seconds)
+            transport.append(t)
+            print(
+                f"transport {kind:11} c=16 {t['rps']:8.0f} req/s  server "
+                f"{t['server_cpu_us_per_request']:.0f} µs/req  client "
+                f"{t['client_cpu_us_per_request']:.0f} µs/req",
+                flush=True,
+            )
     path = save(
         "grpc_vs_http",
         {
@@ -268,6 +390,7 @@ def main() -> None:
             "gateway_idle_cpu_s_per_s": idle,
             "cells": cells,
             "table": table,
+            "transport_alone": transport,
         },
     )
     print(f"\nwrote {path}")
