@@ -287,3 +287,18 @@ def test_two_gateways_on_one_host_share_the_grpc_port(stack):
         request = raw([1, 64], np.array(SAMPLES["inputs"][4:5], np.float32).tobytes())
         answer = Stub(channel).ModelInfer(request, timeout=10)
     assert np.frombuffer(answer.raw_output_contents[1], "<i8").tolist() == SAMPLES["labels"][4:5]
+
+
+def test_no_live_worker_is_unavailable_with_retry_after(grpc_stack):
+    grpc_stack.workers[0].stop()
+    with grpc.insecure_channel(grpc_stack.gateway.grpc_target) as channel:
+        stub = Stub(channel)
+        wait_until(
+            lambda: not stub.ModelReady(pb.ModelReadyRequest(name="digits"), timeout=10).ready,
+            what="the model to be reported not ready",
+        )
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(raw([1, 64], bytes(256)), timeout=10)
+    assert error.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert error.value.details().startswith("no live worker serves model 'digits'")
+    assert ("retry-after", "5") in error.value.trailing_metadata()
