@@ -1,6 +1,7 @@
 """gRPC vs HTTP JSON vs HTTP binary tensors, through one `inferq up` (1 gateway, 1 worker).
 
     python bench/grpc_vs_http.py [--duration 6] [--levels 1,64] [--models digits,medium]
+                                 [--rounds 2] [--transport-seconds 4]
 
 For each model, protocol and closed-loop concurrency, one cell of ``inferq loadgen`` (in this
 process; cache bypassed, so every request goes through the queue): requests/s, P50 and P99, and
@@ -12,7 +13,9 @@ average is recorded per cell: on a shared machine it says how much to trust the 
 Models: ``digits`` (the example, 64 -> 10) and ``medium``, an MLP of 1024 -> 2048 -> 2048 ->
 2048 -> 1000 (12.5 M parameters, the size issue 14 measures) with RANDOM weights written here
 with onnx.helper: its figures are about moving 4 KB in and 4 KB out per row, not about any
-trained model. Writes bench/results/grpc_vs_http.json with the git revision and the command.
+trained model. Every cell runs ``--rounds`` times (the protocols take turns going first); the
+table shows the medians and each round's req/s. Writes bench/results/grpc_vs_http.json with the
+git revision and the command.
 Last, the transports alone (``--transport-seconds``, default 4 s a cell, c=16): a trivial
 ModelInfer handler on grpc.aio (uvloop) and a trivial POST route on uvicorn + Starlette, each in
 a process of its own with nothing behind it, for the CPU each protocol's server side costs per
@@ -29,6 +32,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -307,6 +311,9 @@ def main() -> None:
     parser.add_argument("--levels", default="1,64", help="closed-loop concurrency levels")
     parser.add_argument("--models", default="digits,medium")
     parser.add_argument(
+        "--rounds", type=int, default=2, help="runs of every cell; the table shows medians"
+    )
+    parser.add_argument(
         "--transport-seconds",
         type=float,
         default=4.0,
@@ -325,32 +332,52 @@ def main() -> None:
         for model in models:
             service.wait_for_workers(model, 1)
         idle = idle_cpu_rate(service)
-        for model in models:
-            for concurrency in levels:
-                for protocol in PROTOCOLS:
-                    c = cell(service, model, protocol, concurrency, args.duration, idle)
-                    cells.append(c)
-                    print(
-                        f"{model:7} {protocol:11} c={concurrency:<3} {c['rps']:8.0f} req/s  "
-                        f"P50 {c['p50_ms']:.2f}  P99 {c['p99_ms']:.2f} ms  gateway "
-                        f"{c['gateway_cpu_us_per_request']:.0f} µs/req  {c['status_counts']}",
-                        flush=True,
-                    )
-    rows = [
-        [
-            c["model"] + (" (random weights)" if c["model"] == "medium" else ""),
-            c["protocol"],
-            c["concurrency"],
-            f"{c['rps']:,.0f}",
-            f"{c['p50_ms']:.2f}",
-            f"{c['p99_ms']:.2f}",
-            f"{c['gateway_cpu_us_per_request']:.0f}",
-            f"{c['gateway_busy_cpu_us_per_request']:.0f}",
-            f"{c['worker_cpu_us_per_request']:.0f}",
-            f"{c['load_average']:.1f}",
-        ]
-        for c in cells
-    ]
+        for round_ in range(args.rounds):
+            # Each round runs every cell; the protocols take turns going first, so a change in
+            # the machine's load during a round does not always fall on the same protocol.
+            order = PROTOCOLS if round_ % 2 == 0 else tuple(reversed(PROTOCOLS))
+            for model in models:
+                for concurrency in levels:
+                    for protocol in order:
+                        c = cell(service, model, protocol, concurrency, args.duration, idle)
+                        c["round"] = round_
+                        cells.append(c)
+                        print(
+                            f"{model:7} {protocol:11} c={concurrency:<3} {c['rps']:8.0f} req/s  "
+                            f"P50 {c['p50_ms']:.2f}  P99 {c['p99_ms']:.2f} ms  gateway "
+                            f"{c['gateway_cpu_us_per_request']:.0f} µs/req  "
+                            f"{c['status_counts']}",
+                            flush=True,
+                        )
+    rows = []
+    for model in models:
+        for concurrency in levels:
+            for protocol in PROTOCOLS:
+                same = [
+                    c
+                    for c in cells
+                    if (c["model"], c["concurrency"], c["protocol"])
+                    == (model, concurrency, protocol)
+                ]
+
+                def median(key: str, same: list[dict[str, Any]] = same) -> float:
+                    return float(statistics.median(c[key] for c in same))
+
+                rows.append(
+                    [
+                        model + (" (random weights)" if model == "medium" else ""),
+                        protocol,
+                        concurrency,
+                        f"{median('rps'):,.0f}",
+                        f"{median('p50_ms'):.2f}",
+                        f"{median('p99_ms'):.2f}",
+                        f"{median('gateway_cpu_us_per_request'):.0f}",
+                        f"{median('gateway_busy_cpu_us_per_request'):.0f}",
+                        f"{median('worker_cpu_us_per_request'):.0f}",
+                        " / ".join(f"{c['rps']:,.0f}" for c in same),
+                        f"{median('load_average'):.1f}",
+                    ]
+                )
     table = markdown_table(
         [
             "model",
@@ -362,6 +389,7 @@ def main() -> None:
             "gateway CPU µs/req",
             "same, idle loops subtracted",
             "worker CPU µs/req",
+            "req/s of each round",
             "load avg",
         ],
         rows,
@@ -386,6 +414,7 @@ def main() -> None:
             "machine": machine(),
             "started": started,
             "duration_s": args.duration,
+            "rounds": args.rounds,
             "medium_model": "MLP 1024-2048-2048-2048-1000, random weights (speed only)",
             "gateway_idle_cpu_s_per_s": idle,
             "cells": cells,
