@@ -15,6 +15,8 @@ once, with its help text and fixed label names. Who calls what:
   rows=sum of rows_of(request), batch_waits_s=[started - d.read_at ...],
   inference_s=outcome.infer_s)``, and per result ``observe_result(model, version, status)``.
 - ``Worker._answer_expired``: ``observe_expired(model, len(deliveries))``.
+- ``Worker._drop_cancelled``, where a batch forms: ``observe_cancelled(model, count)`` for the
+  requests dropped because their callers had gone.
 - ``ResultWriter``, once the pipeline holding a result and its reply notification completed:
   ``observe_reply(model, time.monotonic() - finished_at)``, where ``finished_at`` is when the
   model call (or the expiry answer) ended; ``Outgoing`` needs to carry the model and that time.
@@ -68,6 +70,13 @@ class WorkerMetrics:
         self.expired = Counter(
             "inferq_worker_expired_total",
             "Requests dropped unrun because their deadline passed before their batch started.",
+            model,
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "inferq_worker_cancelled_total",
+            "Requests dropped unrun because their callers had gone (an HTTP client hung up, a "
+            "call was cancelled) before their batch started, by model.",
             model,
             registry=r,
         )
@@ -186,6 +195,9 @@ class WorkerMetrics:
 
     def observe_expired(self, model: str, count: int = 1) -> None:
         self.expired.labels(model).inc(count)
+
+    def observe_cancelled(self, model: str, count: int = 1) -> None:
+        self.cancelled.labels(model).inc(count)
 
     def observe_dead_letter(self, model: str, reason: str) -> None:
         self.dead_lettered.labels(model, _one_of(reason, DEAD_LETTER_REASONS)).inc()

@@ -43,6 +43,7 @@ from consumer.repository import ModelConfig, RepositoryError, list_models, load_
 from consumer.settings import WorkerSettings
 from consumer.writer import JobUpdate, Outgoing, ResultWriter
 from protocol import ProtocolError
+from protocol.cancellation import CHECK_AFTER_MS, cancelled_of
 from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status, Timings
@@ -82,6 +83,8 @@ class WorkerStats:
     dead_lettered: int = 0
     skipped_jobs: int = 0
     """Jobs read but not run: cancelled, expired or already finished."""
+    cancelled: int = 0
+    """Requests dropped unrun because their callers had gone (``protocol.cancellation``)."""
     batch_sizes: deque[int] = field(default_factory=lambda: deque(maxlen=10_000))
     executed: deque[str] = field(default_factory=lambda: deque(maxlen=100_000))
     """Ids of recently executed requests, newest last."""
@@ -621,12 +624,46 @@ class Worker:
             slot.busy = True
             self._wake_reader()
             try:
-                batch = await self._claim_jobs(slot, slot.queue.take(slot.batch_limit()))
+                taken = await self._drop_cancelled(slot, slot.queue.take(slot.batch_limit()))
+                batch = await self._claim_jobs(slot, taken)
                 if batch:
                     await self._run_batch(slot, batch)
             finally:
                 slot.busy = False
                 self._wake_reader()
+
+    async def _drop_cancelled(
+        self, slot: ModelSlot, batch: list[Queued[Delivery]]
+    ) -> list[Queued[Delivery]]:
+        """Acknowledge, unrun, the requests whose callers have gone (``protocol.cancellation``):
+        one ZMSCORE for the whole batch. If Redis cannot say, they run (it only costs work)."""
+        oldest = self.clock.now_ms() - CHECK_AFTER_MS
+        # Jobs (no caller waits on a reply stream) are cancelled through their record instead.
+        ids = [
+            q.item.request.id
+            for q in batch
+            if q.item.request.reply_to and q.item.request.enqueued_ms <= oldest
+        ]
+        if not ids:
+            return batch
+        assert self._redis is not None
+        try:
+            scores = await self._redis.zmscore(self.keys.cancelled(slot.model.name), ids)
+        except (*_CONNECTION_ERRORS, ResponseError) as e:
+            log.warning("could not check for cancelled requests", error=str(e))
+            return batch
+        gone = cancelled_of(ids, scores)
+        if not gone:
+            return batch
+        dropped = [q.item for q in batch if q.item.request.id in gone]
+        self.stats.cancelled += len(dropped)
+        self.metrics.observe_cancelled(slot.model.name, len(dropped))
+        log.info(
+            "requests dropped: their callers have gone", model=slot.model.name, count=len(dropped)
+        )
+        assert self._writer is not None
+        self._writer.put([Outgoing(d.stream, d.entry_id, None) for d in dropped])
+        return [q for q in batch if q.item.request.id not in gone]
 
     async def _claim_jobs(self, slot: ModelSlot, batch: list[Queued[Delivery]]) -> list[Delivery]:
         """Mark the batch's async jobs running; drop those cancelled or expired meanwhile.

@@ -3,11 +3,12 @@
 For each request: ``SET result_key payload PX ttl NX`` (the key serves the cache and idempotent
 redelivery, and is written only if absent), ``XADD reply_to NOMKSTREAM`` to wake the waiting
 gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), then
-``XACK``. An entry is acknowledged only after the pipeline holding its result has completed:
-acks wait up to ``ack_delay_s`` (10 ms) or until ``ACK_BATCH`` have gathered, then ride along
-with the next flush's writes, or go alone. Acks are not on any caller's critical path, and
-batching them keeps Redis commands per request low. Flushes coalesce too: results finished
-while one pipeline is in flight go out together in the next.
+``XACK``, and a trim of what is acknowledged (``consumer.trim``). An entry is acknowledged only
+after the pipeline holding its result has completed: acks wait up to ``ack_delay_s`` (10 ms) or
+until ``ACK_BATCH`` have gathered, then ride along with the next flush's writes, or go alone.
+Acks are not on any caller's critical path, and batching them keeps Redis commands per request
+low. Flushes coalesce too: results finished while one pipeline is in flight go out together in
+the next.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from consumer.metrics import WorkerMetrics
+from consumer.trim import TRIM_SCRIPT
 from protocol.jobs import JobStatus
 from protocol.keys import GROUP
 from protocol.messages import FIELD
@@ -88,6 +90,7 @@ class ResultWriter:
         self._redis = redis
         self._job_events = job_events
         self._transition = transition
+        self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
         self._on_written = on_written
         self._metrics = metrics
         self._queue: list[Outgoing] = []
@@ -187,5 +190,7 @@ class ResultWriter:
             acks.setdefault(out.stream, []).append(out.entry_id)
         for stream, ids in acks.items():
             pipe.xack(stream, GROUP, *ids)
+            # The payloads just acknowledged leave Redis now, not at the next periodic trim.
+            await self._trim(keys=[stream], args=[GROUP], client=pipe)
         await pipe.execute(raise_on_error=False)
         self.flushes += 1

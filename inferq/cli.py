@@ -79,20 +79,13 @@ def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from producer.app import create_app
+    from producer.server import server_config
     from producer.settings import GatewaySettings
     from runtime.logging import configure
 
     configure(args.log_level)
     settings: GatewaySettings = from_args(GatewaySettings, args)
-    uvicorn.run(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
+    uvicorn.Server(server_config(create_app(settings), settings)).run()
     return EXIT_OK
 
 

@@ -7,8 +7,9 @@ the same request metrics as HTTP, with ``protocol="grpc"`` and the HTTP status o
 
 Deadlines: a call's gRPC deadline becomes the request's V2 ``timeout`` (the smaller of the two
 when both are given); the service caps it by ``--max-timeout-ms`` as it does for HTTP. A call the
-client cancels (or whose deadline passes) cancels its handler, which stops waiting, like an HTTP
-client that disconnects.
+client cancels (or whose deadline passes) cancels its handler; the service then abandons the
+request as it does for an HTTP client that hangs up: it stops waiting, and a worker that has not
+started the request drops it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ import grpc
 import structlog
 
 import runtime
-from producer.errors import INTERNAL_MESSAGE, BadRequest, GatewayError, GatewayTimeout, NotFound
+from producer.errors import (
+    INTERNAL_MESSAGE,
+    BadRequest,
+    ClientClosedRequest,
+    GatewayError,
+    GatewayTimeout,
+    NotFound,
+)
 from producer.grpc_codec import decode_infer_request, encode_infer_response, parameter_values
 from producer.instrument import known_labels
 from producer.routing import ROUTED_VERSION
@@ -39,8 +47,8 @@ log = structlog.get_logger("inferq.gateway")
 
 T = TypeVar("T")
 
-CLIENT_CLOSED = 499
-"""The status recorded in metrics for a call the client cancelled (nginx's convention)."""
+CLIENT_CLOSED = ClientClosedRequest.status
+"""The status recorded in metrics for a call the client cancelled (nginx's 499)."""
 
 EXTENSIONS = ["schedule_policy", "model_repository", "streaming"]
 """What ``ServerMetadata`` lists: the V2 priority/timeout parameters, the repository RPCs and
@@ -123,13 +131,14 @@ class InferenceServicer:
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
+        size = request.ByteSize()
         return await self._unary(
             context,
             "infer",
-            lambda: self._infer(request, context),
+            lambda: self._infer(request, size, context),
             request.model_name,
             request.model_version,
-            body_bytes=request.ByteSize(),
+            body_bytes=size,
         )
 
     async def ModelStreamInfer(
@@ -143,14 +152,15 @@ class InferenceServicer:
         running: set[asyncio.Task[None]] = set()
 
         async def one(request: pb.ModelInferRequest) -> None:
+            size = request.ByteSize()
             try:
                 answer = pb.ModelStreamInferResponse(
                     infer_response=await self._observed(
                         "infer",
-                        lambda: self._infer(request, context),
+                        lambda: self._infer(request, size, context),
                         request.model_name,
                         request.model_version,
-                        body_bytes=request.ByteSize(),
+                        body_bytes=size,
                     )
                 )
             except GatewayError as e:
@@ -177,17 +187,24 @@ class InferenceServicer:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _infer(
-        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+        self, request: pb.ModelInferRequest, size: int, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         metadata = _metadata(context)
         parameters = _with_deadline(parameter_values(request.parameters), context)
-        outcome = await self.gateway.service.infer_decoded(
-            request.model_name,
-            request.model_version or None,
-            lambda meta: decode_infer_request(request, meta, parameters),
-            no_cache=_no_cache(metadata.get("cache-control", "")),
-            traceparent=traceparent(metadata.get("traceparent")),
-        )
+        service = self.gateway.service
+        # The message is in memory already (gRPC refused it past --max-body-bytes): hold its
+        # bytes against --max-inflight-bytes, as HTTP holds a body's, until the answer.
+        with service.hold_body() as hold:
+            hold.grow_to(size)
+            # A call the client cancels cancels this task: the service abandons the request
+            # (stops waiting, marks it so a worker that has not started it drops it).
+            outcome = await service.infer_decoded(
+                request.model_name,
+                request.model_version or None,
+                lambda meta: decode_infer_request(request, meta, parameters),
+                no_cache=_no_cache(metadata.get("cache-control", "")),
+                traceparent=traceparent(metadata.get("traceparent")),
+            )
         result = outcome.result
         return encode_infer_response(
             client_id=outcome.body.client_id,

@@ -29,12 +29,15 @@ ERROR_REASONS = {
     401: "no admin token sent (model-control API)",
     403: "wrong admin token, or the model-control API is disabled",
     404: "unknown model, version, job or endpoint",
+    408: "the request's headers or body did not arrive in time; the connection is closed",
     409: "the job has already started or finished; or another load of the model is running",
-    413: "request body too large",
+    413: "request body too large (or larger than the gateway admits in flight)",
     415: "unsupported Content-Type or Content-Encoding",
-    429: "overloaded or backlog full; see Retry-After",
+    422: "the Idempotency-Key was already used for this model with a different request",
+    429: "overloaded, backlog full, or too many bytes in flight; see Retry-After",
     500: "the model failed",
-    503: "no live worker, Redis unreachable, or the model's breaker is open; see Retry-After",
+    503: "no live worker, Redis unreachable or refusing writes, or the model's breaker is open; "
+    "see Retry-After",
     504: "the request's deadline passed",
 }
 
@@ -201,13 +204,13 @@ class ApiRoute(Route):
 INFER = Operation(
     "Inference (JSON, or the binary tensor extension)",
     {200: Reply("outputs", "InferResponse")},
-    errors=(400, 404, 413, 415, 429, 500, 503, 504),
+    errors=(400, 404, 408, 413, 415, 429, 500, 503, 504),
     body="InferRequest",
 )
 SUBMIT_JOB = Operation(
     "Submit an async job",
     {202: Reply("queued", "Job")},
-    errors=(400, 404, 413, 415, 429, 503),
+    errors=(400, 404, 408, 413, 415, 422, 429, 503),
     body="InferRequest",
     headers={"Idempotency-Key": {"type": "string"}},
 )

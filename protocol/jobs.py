@@ -44,6 +44,56 @@ return out
 """
 
 
+SUBMIT_SCRIPT = """#!lua
+-- Submitting a job is one atomic step: the record, the enqueue and the Idempotency-Key are
+-- written together or not at all, so a replay of the key never finds a job that was never
+-- queued. The shebang (no flags) makes Redis refuse the whole script up front when it is out of
+-- memory, instead of failing at its first write; any other failure of the enqueue undoes the
+-- record. On Redis Cluster the keys must share a hash slot: the model's streams, its
+-- idempotency keys and its jobs' records would all carry the model's hash tag, and a job id
+-- would carry that tag too, so that GET /v2/jobs/{id} still finds the record from the id alone.
+--
+-- KEYS[1]: the job record, KEYS[2]: the request stream, KEYS[3] (optional): the idempotency key.
+-- ARGV[1]: TTL (ms) of the record and the key, ARGV[2]: the stream entry's field,
+-- ARGV[3]: the encoded request, ARGV[4]: the idempotency value (job id and request digest),
+-- ARGV[5]: an idempotency value to replace (its job is past retention; '' for none),
+-- ARGV[6..]: the record's field/value pairs.
+-- Returns {0} when queued, or {1, value} when the key names an earlier job (nothing written).
+if KEYS[3] then
+  local earlier = redis.call('GET', KEYS[3])
+  if earlier and earlier ~= ARGV[5] then
+    return {1, earlier}
+  end
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+local queued = redis.pcall('XADD', KEYS[2], '*', ARGV[2], ARGV[3])
+if type(queued) == 'table' and queued.err then
+  redis.call('DEL', KEYS[1])
+  return queued
+end
+if KEYS[3] then
+  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[1])
+end
+return {0}
+"""
+
+
+def idempotency_value(job_id: str, request_digest: str) -> str:
+    """What an idempotency key stores: the job it made and a digest of the request that made it,
+    so that the key's reuse with a different request is recognised."""
+    return f"{job_id} {request_digest}"
+
+
+def parse_idempotency_value(raw: bytes) -> tuple[str, str]:
+    """(job id, request digest); the digest is '' for keys written before digests were kept."""
+    try:
+        job_id, _, request_digest = raw.decode().partition(" ")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"idempotency key value is malformed: {e}") from e
+    return job_id, request_digest
+
+
 @dataclass(frozen=True, slots=True)
 class JobRecord:
     """One job as stored. Times are milliseconds on the Redis clock; 0 means not yet."""

@@ -10,7 +10,10 @@ Layout (namespace ``inferq`` by default)::
     {ns}:worker:{worker}          one worker's advertisement (models it serves), with a TTL
     {ns}:models                   hash: model name -> last published metadata
     {ns}:job:{id}                 async job record (hash, see protocol.jobs), with a TTL
-    {ns}:idempotency:{model}:{key}   Idempotency-Key of a job submission -> job id, with a TTL
+    {ns}:idempotency:{model}:{key}   Idempotency-Key of a job submission -> job id and request
+                                  digest (``protocol.jobs``), with a TTL
+    {ns}:cancelled:{model}        zset: ids of requests whose callers have gone -> their deadline
+                                  (``protocol.cancellation``); workers drop them unrun
     {ns}:jobevents                stream of finished job ids, read by every gateway
     {ns}:dlq:{model}              dead-letter stream per model (undecodable and poison entries)
     {ns}:control                  control stream: model load/commit/abort commands to workers
@@ -115,6 +118,9 @@ class Keys:
 
     def idempotency(self, model: str, key: str) -> str:
         return f"{self.namespace}:idempotency:{model}:{key}"
+
+    def cancelled(self, model: str) -> str:
+        return f"{self.namespace}:cancelled:{model}"
 
     @property
     def job_events(self) -> str:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from consumer.worker import Worker
 from inferq.redisserver import free_port
 from producer.app import create_app
 from producer.gateway import Gateway
+from producer.server import server_config
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from protocol.messages import InferRequest
@@ -147,6 +149,25 @@ class WorkerThread:
             self._loop.call_soon_threadsafe(self.worker.request_stop)
         self._thread.join(START_TIMEOUT_S)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Freeze the worker's event loop, as SIGSTOP freezes a worker process: it reads nothing,
+        runs nothing and sends no heartbeat until the block ends."""
+        assert self._loop is not None
+        gate, frozen = threading.Event(), threading.Event()
+
+        def freeze() -> None:
+            frozen.set()
+            gate.wait(START_TIMEOUT_S * 3)
+
+        self._loop.call_soon_threadsafe(freeze)
+        if not frozen.wait(START_TIMEOUT_S):
+            raise RuntimeError("the worker's event loop did not pause")
+        try:
+            yield
+        finally:
+            gate.set()
+
     @property
     def stats(self) -> Any:
         return self.worker.stats
@@ -162,15 +183,7 @@ class GatewayThread:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.app = create_app(settings)
-        config = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=settings.port,
-            log_level="warning",
-            lifespan="on",
-            access_log=False,
-        )
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(server_config(self.app, replace(settings, host="127.0.0.1")))
         self._thread = threading.Thread(target=self.server.run, name="gateway")
 
     @property

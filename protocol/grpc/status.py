@@ -11,9 +11,11 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
     401: grpc.StatusCode.UNAUTHENTICATED,
     403: grpc.StatusCode.PERMISSION_DENIED,
     404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,  # HTTP only: a body that arrived too slowly
     409: grpc.StatusCode.ABORTED,
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # message larger than --max-body-bytes
     415: grpc.StatusCode.INVALID_ARGUMENT,
+    422: grpc.StatusCode.FAILED_PRECONDITION,  # HTTP only: an Idempotency-Key reused
     429: grpc.StatusCode.RESOURCE_EXHAUSTED,
     499: grpc.StatusCode.CANCELLED,  # the client gave up (nginx's "client closed request")
     500: grpc.StatusCode.INTERNAL,
@@ -22,7 +24,7 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
 }
 """The gRPC code of each HTTP status the gateway answers with."""
 
-_PREFERRED = {400, 429}
+_PREFERRED = {400, 429, 504}
 """Where two statuses share a code, the one a code stands for on the way back."""
 
 HTTP_STATUSES: dict[grpc.StatusCode, int] = {
@@ -34,7 +36,8 @@ HTTP_STATUSES: dict[grpc.StatusCode, int] = {
         for status, code in sorted(GRPC_CODES.items(), key=lambda item: item[0] in _PREFERRED)
     },
 }
-"""The HTTP status a gRPC code stands for (RESOURCE_EXHAUSTED: 429, INVALID_ARGUMENT: 400)."""
+"""The HTTP status a gRPC code stands for (RESOURCE_EXHAUSTED: 429, INVALID_ARGUMENT: 400,
+DEADLINE_EXCEEDED: 504)."""
 
 
 def grpc_code(status: int) -> grpc.StatusCode:

@@ -15,6 +15,7 @@ from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_requests_total": ("counter", ("model", "version", "status")),
     "inferq_worker_expired_total": ("counter", ("model",)),
+    "inferq_worker_cancelled_total": ("counter", ("model",)),
     "inferq_worker_dead_lettered_total": ("counter", ("model", "reason")),
     "inferq_worker_retried_total": ("counter", ("model",)),
     "inferq_worker_reclaimed_total": ("counter", ("model",)),
@@ -54,6 +55,7 @@ def exercise(m: WorkerMetrics) -> None:
     )
     m.observe_result("digits", "1", "ok")
     m.observe_expired("digits", 2)
+    m.observe_cancelled("digits", 3)
     m.observe_dead_letter("digits", "undecodable")
     m.observe_retry("digits")
     m.observe_reclaimed("digits", 4)

@@ -17,10 +17,13 @@ from pathlib import Path
 import grpc
 import numpy as np
 import pytest
+import redis
 
 from inferq.redisserver import free_port
+from protocol.cancellation import CHECK_AFTER_MS
 from protocol.grpc import inferq_v2_pb2 as pb
 from protocol.grpc.service import SERVICE, Stub
+from protocol.keys import Keys
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -252,25 +255,45 @@ def test_undecodable_and_oversized_messages_get_clean_statuses(grpc_stack):
         assert Stub(channel).ServerLive(pb.ServerLiveRequest(), timeout=10).live
 
 
-def test_a_cancelled_call_stops_waiting_like_a_disconnected_http_client(grpc_stack):
+def test_a_cancelled_call_is_abandoned_like_a_disconnected_http_client(grpc_stack, redis_url):
+    """The gateway stops waiting at once, and the worker, which had not started the request,
+    drops it unrun."""
     gateway = grpc_stack.gateway.gateway
-    request = pb.ModelInferRequest(model_name="hold")  # 3 s a batch
+    worker = grpc_stack.workers[0]
+    request = pb.ModelInferRequest(model_name="sim")
     request.inputs.add(name="x", datatype="FP32", shape=[1, 4])
     request.raw_input_contents.append(bytes(16))
     with grpc.insecure_channel(grpc_stack.gateway.grpc_target) as channel:
-        call = Stub(channel).ModelInfer.future(request, timeout=30)
-        wait_until(lambda: gateway.service.waiting["hold"] == 1, what="the call to be queued")
-        assert call.cancel()
-        wait_until(
-            lambda: gateway.service.waiting["hold"] == 0 and gateway.replies.waiting == 0,
-            what="the gateway to stop waiting for the cancelled call",
-        )
-    assert call.cancelled()
+        stub = Stub(channel)
+        assert stub.ModelInfer(request, timeout=10).model_name == "sim"  # warm and known
+        ran_before = worker.stats.requests
+        with worker.paused(), redis.Redis.from_url(redis_url) as r:
+            call = stub.ModelInfer.future(request, timeout=30)
+            wait_until(lambda: gateway.service.waiting["sim"] == 1, what="the call queued")
+            assert call.cancel()
+            wait_until(
+                lambda: gateway.service.waiting["sim"] == 0 and gateway.replies.waiting == 0,
+                what="the gateway to stop waiting for the cancelled call",
+            )
+            marks = Keys(grpc_stack.namespace).cancelled("sim")
+            wait_until(lambda: r.zcard(marks) == 1, what="the request marked cancelled")
+            queued_at = redis_ms(r)
+            wait_until(
+                lambda: redis_ms(r) >= queued_at + CHECK_AFTER_MS,
+                what="the request to have waited long enough for workers to look it up",
+            )
+        wait_until(lambda: worker.stats.cancelled == 1, what="the worker to drop it")
+    assert call.cancelled() and worker.stats.requests == ran_before
     cancelled = gateway.metrics.registry.get_sample_value(
         "inferq_gateway_requests_total",
-        {"model": "hold", "version": "1", "endpoint": "infer", "status": "499", "protocol": "grpc"},
+        {"model": "sim", "version": "1", "endpoint": "infer", "status": "499", "protocol": "grpc"},
     )
     assert cancelled == 1
+
+
+def redis_ms(r: redis.Redis) -> int:
+    seconds, micros = r.time()
+    return seconds * 1000 + micros // 1000
 
 
 def test_two_gateways_on_one_host_share_the_grpc_port(stack):
