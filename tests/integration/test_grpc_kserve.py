@@ -325,3 +325,16 @@ def test_no_live_worker_is_unavailable_with_retry_after(grpc_stack):
     assert error.value.code() == grpc.StatusCode.UNAVAILABLE
     assert error.value.details().startswith("no live worker serves model 'digits'")
     assert ("retry-after", "5") in error.value.trailing_metadata()
+
+
+def test_a_message_past_the_inflight_byte_cap_is_refused_as_over_http(stack):
+    s = stack(grpc_port=free_port(), max_inflight_bytes=8192)
+    with grpc.insecure_channel(s.gateway.grpc_target) as channel:
+        stub = Stub(channel)
+        small = stub.ModelInfer(raw([20, 64], bytes(20 * 256)), timeout=10)  # ~5 KB: admitted
+        assert len(small.raw_output_contents[1]) == 20 * 8
+        with pytest.raises(grpc.RpcError) as error:
+            stub.ModelInfer(raw([40, 64], bytes(40 * 256)), timeout=10)  # ~10 KB: never
+    assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "larger than this gateway admits at once" in error.value.details()
+    assert s.gateway.gateway.service.inflight.held == 0  # every hold given back
