@@ -160,8 +160,10 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    ok = await _gateway(request).ready()
-    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+    ok, problems = await _gateway(request).ready()
+    if ok:
+        return JSONResponse({"ready": True})
+    return JSONResponse({"ready": False, "problems": problems}, status_code=503)
 
 
 async def server_metadata(request: Request) -> Response:

@@ -6,6 +6,8 @@ error body ``{"error": "..."}``. Messages are written for the person who sent th
 
 from __future__ import annotations
 
+from runtime.faults import Fault, classify, describe
+
 INTERNAL_MESSAGE = "internal error in the gateway; see its log"
 """What a caller is told of an unexpected exception; the details go to the gateway's log."""
 
@@ -51,6 +53,12 @@ class Conflict(GatewayError):
     status = 409
 
 
+class Gone(GatewayError):
+    """Something that existed is known to be gone (a job record Redis lost)."""
+
+    status = 410
+
+
 class PayloadTooLarge(GatewayError):
     status = 413
 
@@ -91,3 +99,13 @@ class ClientClosedRequest(GatewayError):
 
 class GatewayTimeout(GatewayError):
     status = 504
+
+
+def redis_unavailable(error: BaseException, doing: str = "queue the request") -> ServiceUnavailable:
+    """The 503 for a Redis error: what kind of trouble and what Redis said, never the command
+    or its arguments (``runtime.faults.describe``), with a ``Retry-After``."""
+    unreachable = classify(error) in (Fault.CONNECTION, Fault.LOADING)
+    return ServiceUnavailable(
+        f"could not {doing}: {describe(error)}; retry shortly",
+        retry_after_s=1 if unreachable else 2,
+    )

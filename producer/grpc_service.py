@@ -75,7 +75,9 @@ class InferenceServicer:
         self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
     ) -> pb.ServerReadyResponse:
         async def work() -> pb.ServerReadyResponse:
-            return pb.ServerReadyResponse(ready=await self.gateway.ready())
+            # The V2 message has no field for the reasons; /v2/health/ready lists them.
+            ok, _ = await self.gateway.ready()
+            return pb.ServerReadyResponse(ready=ok)
 
         return await self._unary(context, "health_ready", work)
 

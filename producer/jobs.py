@@ -21,17 +21,16 @@ from typing import Any, cast
 
 import structlog
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.errors import (
     BadRequest,
     Conflict,
+    Gone,
     NotFound,
     ServiceUnavailable,
     TooManyRequests,
     UnprocessableContent,
+    redis_unavailable,
 )
 from producer.routing import ROUTED_VERSION
 from producer.service import InferenceService
@@ -39,23 +38,28 @@ from producer.settings import GatewaySettings
 from producer.v2 import InferRequestBody, encode_infer_response, parse_infer_request
 from protocol import ProtocolError
 from protocol.cachekey import digest
+from protocol.deadline import deadline_after, has_expired
 from protocol.jobs import (
+    JOB_ID_RANDOM_BYTES,
     SUBMIT_SCRIPT,
     TRANSITION_SCRIPT,
     JobRecord,
     JobStatus,
     idempotency_value,
+    job_id_issued_ms,
+    new_job_id,
     parse_idempotency_value,
     transition_args,
 )
-from protocol.keys import Lane
-from protocol.messages import FIELD, InferRequest, InferResult, Kind
+from protocol.keys import JOB_EVENTS_MAXLEN, Lane
+from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
+from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.gateway")
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{22}$")
+_JOB_ID = re.compile(r"^([A-Za-z0-9_-]{22}|[A-Za-z0-9_-]{32})$")
+"""Job ids: 32 characters (``protocol.jobs.new_job_id``); 22 for those issued before."""
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +67,6 @@ class Submitted:
     record: JobRecord
     replayed: bool
     """True when an Idempotency-Key matched an earlier submission: no new job was made."""
-
-
-def new_job_id() -> str:
-    """128 random bits, URL-safe: unguessable, so a job id is its own access token."""
-    return secrets.token_urlsafe(16)
 
 
 def request_digest(asked_version: str | None, body: InferRequestBody) -> str:
@@ -129,7 +128,7 @@ class JobService:
         timeout_ms = timeout_us // 1000 if timeout_us else self.settings.job_timeout_s * 1000
         timeout_ms = max(1, min(timeout_ms, self.settings.job_ttl_s * 1000))
         lane = Lane.for_priority(sched.priority) if "priority" in body.parameters else Lane.LOW
-        job_id = new_job_id()
+        job_id = new_job_id(self.clock.now_ms(), secrets.token_bytes(JOB_ID_RANDOM_BYTES))
         ttl_ms = self.settings.job_ttl_s * 1000
         now = self.clock.now_ms()
         record = JobRecord(
@@ -138,7 +137,7 @@ class JobService:
             version=version,
             status=JobStatus.QUEUED,
             created_ms=now,
-            deadline_ms=now + timeout_ms,
+            deadline_ms=deadline_after(now, timeout_ms),
             client_id=body.client_id or "",
             binary_outputs=tuple(sorted(body.binary_outputs)),
             binary_all=body.binary_all,
@@ -172,12 +171,8 @@ class JobService:
                 replacing = earlier  # its job is past retention: the key is free again
             else:
                 raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
-        except _REDIS_DOWN as e:
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
-        except RedisError as e:
-            raise ServiceUnavailable(f"the queue (Redis) refused the job: {e}") from e
+        except RETRYABLE as e:
+            raise redis_unavailable(e, "queue the job") from e
         self.registry.note_queued(name)
         log.info(
             "job queued",
@@ -240,7 +235,9 @@ class JobService:
         except ProtocolError as e:
             log.error("unreadable job record", job_id=job_id, error=str(e))
             return None
-        if record.status is JobStatus.QUEUED and self.clock.now_ms() >= record.deadline_ms:
+        if record.status is JobStatus.QUEUED and has_expired(
+            record.deadline_ms, self.clock.now_ms()
+        ):
             # Nobody ran it in time: make that final, so no worker starts it now.
             await self._move(
                 record,
@@ -259,7 +256,10 @@ class JobService:
             ],
         )
         await self._redis.xadd(
-            self.keys.job_events, {b"job": record.id}, maxlen=100_000, approximate=True
+            self.keys.job_events,
+            {JOB_EVENT_FIELD: record.id},
+            maxlen=JOB_EVENTS_MAXLEN,
+            approximate=True,
         )
         return before[0] if before else None
 
@@ -283,21 +283,32 @@ class JobService:
     async def _read(self, job_id: str) -> JobRecord:
         try:
             record = await self._load(job_id)
-        except (RedisError, OSError) as e:
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
+        except RETRYABLE as e:
+            raise redis_unavailable(e, "read the job") from e
         if record is None:
-            raise NotFound(f"no job '{job_id}' (unknown, or past its retention)")
+            raise self._missing(job_id)
         return record
+
+    def _missing(self, job_id: str) -> Gone | NotFound:
+        """404 for an id nobody issued or a job past its retention; 410 for a job issued within
+        the retention window whose record is gone: Redis lost it."""
+        issued_ms = job_id_issued_ms(job_id)
+        now_ms = self.clock.now_ms()
+        if issued_ms is not None and 0 <= now_ms - issued_ms < self.settings.job_ttl_s * 1000:
+            return Gone(
+                f"job '{job_id}' was accepted at {iso(issued_ms)}, but Redis no longer has its "
+                "record: Redis lost data (it restarted without persistence, or evicted keys "
+                "under its maxmemory-policy). The job may not have run; submit it again"
+            )
+        return NotFound(f"no job '{job_id}' (unknown, or past its retention)")
 
     async def cancel(self, job_id: str) -> JobRecord:
         record = await self.get(job_id)
         if record.status is JobStatus.QUEUED:
             try:
                 before = await self._move(record, JobStatus.CANCELLED)
-            except (RedisError, OSError) as e:
-                raise ServiceUnavailable(f"the queue (Redis) is unreachable: {e}") from e
+            except RETRYABLE as e:
+                raise redis_unavailable(e, "cancel the job") from e
             record = await self.get(job_id)
             if before == JobStatus.QUEUED.value.encode():
                 log.info("job cancelled", job_id=job_id, model=record.model)

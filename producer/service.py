@@ -29,9 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.admission import ServiceTime, decide
 from producer.breaker import Breaker
@@ -43,6 +40,7 @@ from producer.errors import (
     NotFound,
     ServiceUnavailable,
     TooManyRequests,
+    redis_unavailable,
 )
 from producer.inflight import BodyHold, InflightBytes
 from producer.metrics import GatewayMetrics
@@ -55,14 +53,15 @@ from producer.v2 import InferRequestBody, parse_infer_request
 from protocol import ProtocolError
 from protocol.cachekey import digest
 from protocol.cancellation import CHECK_AFTER_MS, MARK_SCRIPT, mark_args
-from protocol.keys import Keys, Lane, is_valid_name
+from protocol.deadline import deadline_after
+from protocol.keys import Keys, Lane, is_valid_name, text
 from protocol.messages import FIELD, InferRequest, InferResult, Status
 from protocol.registry import ModelMetadata
 from runtime.connections import RedisClock
+from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.gateway")
 
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
 WATCH_AFTER_S = CHECK_AFTER_MS / 1000
 """Callers are watched once their request has waited as long as workers wait before they look
 for cancellations: a request answered sooner costs neither a watcher task nor a lookup."""
@@ -245,7 +244,7 @@ class InferenceService:
             version=version,
             inputs=body.inputs,
             outputs=body.outputs,
-            deadline_ms=now_ms + sched.timeout_ms,
+            deadline_ms=deadline_after(now_ms, sched.timeout_ms),
             enqueued_ms=now_ms,
             result_key=cache_key or self.keys.result(request_id),
             result_ttl_ms=(meta.cache_ttl_s if cache_key else self.settings.result_ttl_s) * 1000,
@@ -257,11 +256,11 @@ class InferenceService:
         future = self.replies.expect(request_id)
         self._in_flight[request_id] = InFlight(name, request.deadline_ms, future)
         self.waiting[name] += 1
+        stream = self.keys.stream(name, lane)
         watch: asyncio.TimerHandle | None = None
         try:
-            await self._redis(
-                "XADD", self.keys.stream(name, lane), "*", FIELD, request.encode(), model=name
-            )
+            entry_id = await self._redis("XADD", stream, "*", FIELD, request.encode(), model=name)
+            self.replies.queued(request_id, stream, text(entry_id), request.result_key)
             self.registry.note_queued(name)
             log.debug(
                 "request queued",
@@ -393,13 +392,9 @@ class InferenceService:
     async def _redis(self, *args: Any, model: str) -> Any:
         try:
             return await self.pipeline.execute(*args)
-        except _REDIS_DOWN as e:
+        except RETRYABLE as e:
             self.metrics.observe_rejected(model, "redis_unavailable")
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
-        except RedisError as e:
-            raise ServiceUnavailable(f"the queue (Redis) refused the request: {e}") from e
+            raise redis_unavailable(e) from e
 
 
 def _log_unmarked(marked: asyncio.Future[Any]) -> None:

@@ -80,7 +80,7 @@ class GatewaySettings(ConnectionSettings):
     """How often the gateway re-reads which workers are live and what they serve."""
     reply_block_ms: int = 2000
     heartbeat_s: float = 5.0
-    """How often the gateway refreshes its reply stream's TTL."""
+    """How often the gateway refreshes its reply stream's TTL (and sweeps for lost requests)."""
     max_backlog: int = option(
         10_000,
         flag="--max-backlog",

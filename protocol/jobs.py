@@ -9,10 +9,21 @@ that was cancelled or had expired.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from protocol.errors import ProtocolError
+
+JOB_ID_RANDOM_BYTES = 16
+"""128 random bits: a job id is its own access token, so it must be unguessable."""
+_STAMP_BYTES = 6  # milliseconds since the epoch fit in 48 bits until the year 10889
+_CHECK_BYTES = 2
+_CHECK_PERSON = b"inferq-job-id"
+JOB_ID_LENGTH = 32
+"""Characters of a job id: (6 + 16 + 2) bytes in URL-safe base64, no padding."""
 
 
 class JobStatus(StrEnum):
@@ -162,3 +173,35 @@ def transition_args(new: JobStatus, **fields: str | bytes | int) -> list[str | b
     for name, value in fields.items():
         args += [name, value]
     return args
+
+
+def new_job_id(now_ms: int, random: bytes) -> str:
+    """A job id: when it was issued (Redis clock), 128 random bits and a 16-bit check.
+
+    The time lets any gateway tell a job whose record Redis lost (issued within the retention
+    window, record missing) from an id nobody issued or one past its retention; the check makes
+    a mistyped id read as unknown. Neither is secret: the random bits are what make it
+    unguessable."""
+    if len(random) != JOB_ID_RANDOM_BYTES:
+        raise ValueError(f"a job id needs {JOB_ID_RANDOM_BYTES} random bytes")
+    body = now_ms.to_bytes(_STAMP_BYTES, "big") + random
+    return base64.urlsafe_b64encode(body + _check(body)).decode()
+
+
+def job_id_issued_ms(job_id: str) -> int | None:
+    """When the job id was issued (Redis-clock milliseconds), or None if it is not one that
+    ``new_job_id`` made (another format, a typo)."""
+    if len(job_id) != JOB_ID_LENGTH:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(job_id.encode())
+    except (binascii.Error, ValueError):
+        return None
+    body, check = raw[:-_CHECK_BYTES], raw[-_CHECK_BYTES:]
+    if len(raw) != _STAMP_BYTES + JOB_ID_RANDOM_BYTES + _CHECK_BYTES or _check(body) != check:
+        return None
+    return int.from_bytes(body[:_STAMP_BYTES], "big")
+
+
+def _check(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=_CHECK_BYTES, person=_CHECK_PERSON).digest()

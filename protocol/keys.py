@@ -36,6 +36,13 @@ from enum import StrEnum
 GROUP = "workers"
 """The one consumer group every worker joins on every request stream."""
 
+JOB_EVENTS_MAXLEN = 100_000
+"""Cap of the job events stream: gateways read events as they come, so it only needs to cover a
+reconnect (trimmed approximately, ``MAXLEN ~``)."""
+
+DLQ_MAXLEN = 100_000
+"""Cap of each dead-letter stream (trimmed approximately)."""
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -149,3 +156,24 @@ class Keys:
 
     def model_lock(self, model: str) -> str:
         return f"{self.namespace}:lock:model:{model}"
+
+
+def text(value: bytes | str) -> str:
+    """A key, field or stream id as Redis returned it (bytes, or str with decoding on)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def next_id(entry_id: str) -> str:
+    """The smallest stream id after ``entry_id`` (for XTRIM MINID and exclusive ranges)."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def id_before(entry_id: str, other: str) -> bool:
+    """Whether stream id ``entry_id`` sorts before ``other``."""
+    return _id_tuple(entry_id) < _id_tuple(other)
+
+
+def _id_tuple(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -36,8 +36,23 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
+            raise AssertionError(
+                f"timed out after {timeout_s} s waiting for {what or condition}"
+            ) from None
         time.sleep(0.005)
+
+
+async def until(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> None:
+    """``wait_until`` inside an event loop: poll a condition on state that has no event of its
+    own to wait on (Redis, a counter), failing with ``what`` after ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not condition():  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(
+            f"timed out after {timeout_s} s waiting for {what or condition}"
+        ) from None
 
 
 def write_simulated_model(
@@ -184,7 +199,20 @@ class GatewayThread:
         self.settings = settings
         self.app = create_app(settings)
         self.server = uvicorn.Server(server_config(self.app, replace(settings, host="127.0.0.1")))
-        self._thread = threading.Thread(target=self.server.run, name="gateway")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._main, name="gateway")
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.server.serve()
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the gateway's event loop (from the test's thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn)
 
     @property
     def url(self) -> str:

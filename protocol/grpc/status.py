@@ -13,6 +13,7 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
     404: grpc.StatusCode.NOT_FOUND,
     408: grpc.StatusCode.DEADLINE_EXCEEDED,  # HTTP only: a body that arrived too slowly
     409: grpc.StatusCode.ABORTED,
+    410: grpc.StatusCode.NOT_FOUND,  # HTTP only: a job record Redis lost
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,  # message larger than --max-body-bytes
     415: grpc.StatusCode.INVALID_ARGUMENT,
     422: grpc.StatusCode.FAILED_PRECONDITION,  # HTTP only: an Idempotency-Key reused
@@ -24,7 +25,7 @@ GRPC_CODES: dict[int, grpc.StatusCode] = {
 }
 """The gRPC code of each HTTP status the gateway answers with."""
 
-_PREFERRED = {400, 429, 504}
+_PREFERRED = {400, 404, 429, 504}
 """Where two statuses share a code, the one a code stands for on the way back."""
 
 HTTP_STATUSES: dict[grpc.StatusCode, int] = {
@@ -36,8 +37,8 @@ HTTP_STATUSES: dict[grpc.StatusCode, int] = {
         for status, code in sorted(GRPC_CODES.items(), key=lambda item: item[0] in _PREFERRED)
     },
 }
-"""The HTTP status a gRPC code stands for (RESOURCE_EXHAUSTED: 429, INVALID_ARGUMENT: 400,
-DEADLINE_EXCEEDED: 504)."""
+"""The HTTP status a gRPC code stands for (where several share it: INVALID_ARGUMENT 400,
+NOT_FOUND 404, RESOURCE_EXHAUSTED 429, DEADLINE_EXCEEDED 504)."""
 
 
 def grpc_code(status: int) -> grpc.StatusCode:

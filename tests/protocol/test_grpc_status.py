@@ -31,7 +31,12 @@ def test_every_gateway_error_has_the_grpc_status_of_its_http_status():
     }
     for status, name in expected.items():
         assert GRPC_CODES[status] is getattr(grpc.StatusCode, name)
-        back = {"INVALID_ARGUMENT": 400, "RESOURCE_EXHAUSTED": 429, "DEADLINE_EXCEEDED": 504}
+        back = {
+            "INVALID_ARGUMENT": 400,
+            "RESOURCE_EXHAUSTED": 429,
+            "DEADLINE_EXCEEDED": 504,
+            "NOT_FOUND": 404,
+        }
         back = back.get(name, status)
         assert http_status(GRPC_CODES[status]) == back
     assert grpc_code(errors.TooManyRequests("x").status) is grpc.StatusCode.RESOURCE_EXHAUSTED
