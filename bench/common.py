@@ -24,6 +24,7 @@ from inferq.redisserver import RedisServer, free_port
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
 from loadgen.http import run as run_loop
+from loadgen.loop import LoadOptions
 from loadgen.open import run_open_loop
 from loadgen.result import LoadResult
 
@@ -79,6 +80,9 @@ class Service:
     def __init__(self, *extra: str, workers: int = 1) -> None:
         self.redis = RedisServer()
         self.port = free_port()
+        # Its own gRPC port too: the default (8001) would be shared through SO_REUSEPORT with
+        # anything else listening there.
+        self.grpc_port = free_port()
         self.extra = extra
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
@@ -99,6 +103,8 @@ class Service:
                 self.redis.url,
                 "--port",
                 str(self.port),
+                "--grpc-port",
+                str(self.grpc_port),
                 "--workers",
                 str(self.workers),
                 "--log-level",
@@ -256,12 +262,14 @@ def closed_loop(
     """A closed-loop run against ``service`` (on uvloop, in this process)."""
     return run_loop(
         run_closed_loop(
-            service.url + request.path,
-            concurrency=concurrency,
-            duration_s=duration_s,
-            requests=request,
-            warmup_s=warmup_s,
-            timeout_s=timeout_s,
+            LoadOptions(
+                service.url + request.path,
+                duration_s=duration_s,
+                requests=request,
+                warmup_s=warmup_s,
+                timeout_s=timeout_s,
+            ),
+            concurrency,
         )
     )
 
@@ -280,12 +288,14 @@ def open_loop(
     """An open-loop (Poisson) run against ``service`` (on uvloop, in this process)."""
     return run_loop(
         run_open_loop(
-            service.url + request.path,
-            rate=rate,
-            duration_s=duration_s,
-            requests=request,
-            warmup_s=warmup_s,
-            timeout_s=timeout_s,
+            LoadOptions(
+                service.url + request.path,
+                duration_s=duration_s,
+                requests=request,
+                warmup_s=warmup_s,
+                timeout_s=timeout_s,
+            ),
+            rate,
             max_connections=max_connections,
             seed=seed,
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import secrets
@@ -20,21 +21,47 @@ from typing import Any, cast
 
 import structlog
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
-from producer.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, TooManyRequests
+from producer.errors import (
+    BadRequest,
+    Conflict,
+    Gone,
+    NotFound,
+    ServiceUnavailable,
+    TooManyRequests,
+    UnprocessableContent,
+    redis_unavailable,
+)
 from producer.routing import ROUTED_VERSION
 from producer.service import InferenceService
 from producer.settings import GatewaySettings
-from producer.v2 import encode_infer_response, parse_infer_request
+from producer.v2 import InferRequestBody, encode_infer_response, parse_infer_request
 from protocol import ProtocolError
-from protocol.jobs import TRANSITION_SCRIPT, JobRecord, JobStatus, transition_args
-from protocol.keys import Lane, idempotency_tag
-from protocol.messages import FIELD, InferRequest, InferResult, Kind
+from protocol.cachekey import digest
+from protocol.deadline import deadline_after, has_expired
+from protocol.jobs import (
+    JOB_ID_RANDOM_BYTES,
+    RESERVE_SCRIPT,
+    SUBMIT_SCRIPT,
+    TRANSITION_SCRIPT,
+    UNDO_SCRIPT,
+    JobRecord,
+    JobStatus,
+    idempotency_value,
+    job_id_issued_ms,
+    new_job_id,
+    parse_idempotency_value,
+    transition_args,
+)
+from protocol.keys import JOB_EVENTS_MAXLEN, Lane, idempotency_tag_bytes
+from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
+from runtime.cluster import queue_script
+from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.gateway")
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{22}$")
+_JOB_ID = re.compile(r"^([A-Za-z0-9_-]{22}|[A-Za-z0-9_-]{32})$")
+"""Job ids: 32 characters (``protocol.jobs.new_job_id``); 22 for those issued before."""
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
@@ -45,13 +72,15 @@ class Submitted:
     """True when an Idempotency-Key matched an earlier submission: no new job was made."""
 
 
-def new_job_id(tag: str | None = None) -> str:
-    """22 URL-safe characters, unguessable, so a job id is its own access token: 128 random
-    bits; or, for a submission with an Idempotency-Key, that key's hash tag (JOB_TAG_CHARS
-    characters, so the record shares a slot with the key, see ``protocol.keys``) and 108
-    random bits."""
-    token = secrets.token_urlsafe(16)
-    return token if tag is None else tag + token[len(tag) :]
+def request_digest(asked_version: str | None, body: InferRequestBody) -> str:
+    """What makes two job submissions the same request: the inputs (whether sent as JSON or as
+    binary data), the requested outputs and their form, the version asked for (not the one a
+    traffic split picked), the request id and parameters."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(digest(body.inputs, body.outputs).encode())
+    rest = [asked_version, body.client_id, body.parameters, sorted(body.binary_outputs)]
+    h.update(json.dumps([*rest, body.binary_all], sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
 
 
 def iso(ms: int) -> str | None:
@@ -72,9 +101,12 @@ class JobService:
         self.replies = inference.replies
         self.clock = inference.clock
         self._redis = inference.pipeline.redis
-        self.cluster = cluster
-        """A Redis Cluster: the record and the request are written in two steps."""
         self._transition: AsyncScript = self._redis.register_script(TRANSITION_SCRIPT)
+        self._submit: AsyncScript = self._redis.register_script(SUBMIT_SCRIPT)
+        self._reserve: AsyncScript = self._redis.register_script(RESERVE_SCRIPT)
+        self._undo: AsyncScript = self._redis.register_script(UNDO_SCRIPT)
+        self.cluster = cluster
+        """A Redis Cluster: a submission is two steps (see ``_enqueue``)."""
 
     async def submit(
         self,
@@ -86,6 +118,7 @@ class JobService:
         idempotency_key: str | None,
         traceparent: str | None,
     ) -> Submitted:
+        asked = version or None
         entry, version = await self.inference.model(name, version)
         ROUTED_VERSION.set(version)
         meta = entry.metadata
@@ -104,48 +137,56 @@ class JobService:
         timeout_ms = timeout_us // 1000 if timeout_us else self.settings.job_timeout_s * 1000
         timeout_ms = max(1, min(timeout_ms, self.settings.job_ttl_s * 1000))
         lane = Lane.for_priority(sched.priority) if "priority" in body.parameters else Lane.LOW
-        job_id = new_job_id(
-            idempotency_tag(name, idempotency_key) if idempotency_key is not None else None
-        )
+        random = secrets.token_bytes(JOB_ID_RANDOM_BYTES)
+        if idempotency_key:
+            # The record shares the key's slot on a cluster (protocol.keys, JOB_TAG).
+            tag = idempotency_tag_bytes(name, idempotency_key)
+            random = tag + random[len(tag) :]
+        job_id = new_job_id(self.clock.now_ms(), random)
         ttl_ms = self.settings.job_ttl_s * 1000
+        now = self.clock.now_ms()
+        record = JobRecord(
+            id=job_id,
+            model=name,
+            version=version,
+            status=JobStatus.QUEUED,
+            created_ms=now,
+            deadline_ms=deadline_after(now, timeout_ms),
+            client_id=body.client_id or "",
+            binary_outputs=tuple(sorted(body.binary_outputs)),
+            binary_all=body.binary_all,
+        )
+        request = InferRequest(
+            id=job_id,
+            model=name,
+            version=version,
+            inputs=body.inputs,
+            outputs=body.outputs,
+            deadline_ms=record.deadline_ms,
+            enqueued_ms=now,
+            result_key="",
+            result_ttl_ms=ttl_ms,
+            kind=Kind.JOB,
+            priority=sched.priority,
+            client_id=body.client_id,
+            traceparent=traceparent,
+        )
+        idem = self.keys.idempotency(name, idempotency_key) if idempotency_key else None
+        value = idempotency_value(job_id, request_digest(asked, body)) if idem else ""
+        replacing = b""
         try:
-            if idempotency_key is not None:
-                existing = await self._claim_idempotency(name, idempotency_key, job_id, ttl_ms)
+            for _ in range(3):
+                earlier = await self._enqueue(record, request, lane, idem, value, replacing, ttl_ms)
+                if earlier is None:
+                    break
+                existing = await self._replay(name, idempotency_key or "", earlier, value)
                 if existing is not None:
                     return Submitted(existing, replayed=True)
-            now = self.clock.now_ms()
-            record = JobRecord(
-                id=job_id,
-                model=name,
-                version=version,
-                status=JobStatus.QUEUED,
-                created_ms=now,
-                deadline_ms=now + timeout_ms,
-                client_id=body.client_id or "",
-                binary_outputs=tuple(sorted(body.binary_outputs)),
-                binary_all=body.binary_all,
-            )
-            request = InferRequest(
-                id=job_id,
-                model=name,
-                version=version,
-                inputs=body.inputs,
-                outputs=body.outputs,
-                deadline_ms=record.deadline_ms,
-                enqueued_ms=now,
-                result_key="",
-                result_ttl_ms=ttl_ms,
-                kind=Kind.JOB,
-                priority=sched.priority,
-                client_id=body.client_id,
-                traceparent=traceparent,
-            )
-            stream = self.keys.stream(name, lane, self.inference.partition(name, meta.partitions))
-            await self._enqueue(record, stream, request.encode(), ttl_ms)
-        except (RedisError, OSError) as e:
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
+                replacing = earlier  # its job is past retention: the key is free again
+            else:
+                raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
+        except RETRYABLE as e:
+            raise redis_unavailable(e, "queue the job") from e
         self.registry.note_queued(name)
         log.info(
             "job queued",
@@ -157,45 +198,77 @@ class JobService:
         )
         return Submitted(record, replayed=False)
 
-    async def _enqueue(self, record: JobRecord, stream: str, payload: bytes, ttl_ms: int) -> None:
-        """Write the job record, then queue the request: the record must exist before any
-        worker can read the job (a worker skips a job it finds no record for).
+    async def _enqueue(
+        self,
+        record: JobRecord,
+        request: InferRequest,
+        lane: Lane,
+        idem: str | None,
+        value: str,
+        replacing: bytes,
+        ttl_ms: int,
+    ) -> bytes | None:
+        """Write the record, enqueue the job and claim the key. None when queued; else the
+        value of the key, which names an earlier job.
 
-        One Redis: one pipeline, executed in order. A Redis Cluster splits a pipeline per node
-        and sends the parts concurrently, and the stream lives in another slot than the record,
-        so there the record goes first and the request second, in two round trips; if queueing
-        fails the record is deleted again, so a job that was never queued is never shown.
+        One Redis: one atomic step (``SUBMIT_SCRIPT``). A Redis Cluster keeps the request stream
+        in another slot than the record and the key, which one script cannot reach together:
+        there the record and the key are written first, atomically (``RESERVE_SCRIPT``), the
+        request is queued second, and if that fails both are taken back (``UNDO_SCRIPT``), so a
+        job that was never queued is not shown for long. A replay arriving between the two
+        steps gets the job that the first step is about to queue.
 
-        Under ``--job-durability replicated`` each part ends with ``WAIT 1`` on the connection
-        (and node) that wrote it: the job is accepted only once a replica has both."""
+        Under ``--job-durability replicated`` each step ends with ``WAIT 1`` on the connection
+        (and node) that wrote it: the job is accepted only once a replica has all of it."""
         key = self.keys.job(record.id)
+        stream = self.keys.stream(
+            record.model, lane, self.inference.partition(record.model, self._partitions(record))
+        )
+        fields = [item for pair in record.to_fields().items() for item in pair]
         replicated = self.settings.job_durability == "replicated"
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.hset(key, mapping=cast(Any, record.to_fields()))
-        pipe.pexpire(key, ttl_ms)
         if not self.cluster:
-            pipe.xadd(stream, {FIELD: payload})
+            keys = [key, stream, *([idem] if idem is not None else [])]
+            pipe = self._redis.pipeline(transaction=False)
+            await queue_script(
+                pipe,
+                self._submit,
+                keys,
+                [ttl_ms, FIELD, request.encode(), value, replacing, *fields],
+            )
             if replicated:
                 pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms)
             replies = await pipe.execute()
+            reply = replies[0]
+            if reply[0] != 0:
+                return cast(bytes, reply[1])
             if replicated:
                 await self._confirmed(record, [replies[-1]])
-            return
+            return None
+        keys = [key, *([idem] if idem is not None else [])]
+        pipe = self._redis.pipeline(transaction=False)
+        await queue_script(pipe, self._reserve, keys, [ttl_ms, value, replacing, *fields])
         if replicated:
             self._wait_on(pipe, key)
-        replies = await pipe.execute()
+        reserved = await pipe.execute()
+        if reserved[0][0] != 0:
+            return cast(bytes, reserved[0][1])
         try:
             pipe = self._redis.pipeline(transaction=False)
-            pipe.xadd(stream, {FIELD: payload})
+            pipe.xadd(stream, {FIELD: request.encode()})
             if replicated:
                 self._wait_on(pipe, stream)
             queued = await pipe.execute()
-        except (RedisError, OSError):
-            with contextlib.suppress(RedisError, OSError):
-                await self._redis.delete(key)
+        except RETRYABLE:
+            with contextlib.suppress(*RETRYABLE):
+                await self._undo(keys=keys, args=[value])
             raise
         if replicated:
-            await self._confirmed(record, [replies[-1], queued[-1]])
+            await self._confirmed(record, [reserved[-1], queued[-1]])
+        return None
+
+    def _partitions(self, record: JobRecord) -> int:
+        entry = self.registry.models.get(record.model)
+        return entry.metadata.partitions if entry is not None else 1
 
     def _wait_on(self, pipe: Any, key: str) -> None:
         """Queue ``WAIT 1`` on the node that owns ``key`` (a cluster pipeline runs each node's
@@ -204,7 +277,7 @@ class JobService:
         pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms, target_nodes=node)
 
     async def _confirmed(self, record: JobRecord, acks: list[Any]) -> None:
-        """Every WAIT saw a replica, or the job is cancelled (so it never runs) and refused."""
+        """Every WAIT saw a replica; or the job is cancelled (so it never runs) and refused."""
         if all(isinstance(n, int) and n >= 1 for n in acks):
             return
         log.warning(
@@ -214,7 +287,7 @@ class JobService:
             model=record.model,
             wait_ms=self.settings.job_replica_wait_ms,
         )
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*RETRYABLE):
             before = await self._move(record, JobStatus.CANCELLED)
             if before is not None and before != JobStatus.QUEUED.value.encode():
                 return  # a worker has started it already: it runs, so it is accepted
@@ -224,21 +297,26 @@ class JobService:
             retry_after_s=1,
         )
 
-    async def _claim_idempotency(
-        self, model: str, key: str, job_id: str, ttl_ms: int
-    ) -> JobRecord | None:
-        """The earlier job under this key, or None after claiming the key for ``job_id``."""
-        idem = self.keys.idempotency(model, key)
-        for _ in range(3):
-            if await self._redis.set(idem, job_id, nx=True, px=ttl_ms):
-                return None
-            earlier = cast(bytes | None, await self._redis.get(idem))
-            if earlier is not None:
-                record = await self._load(earlier.decode())
-                if record is not None:
-                    return record
-                await self._redis.delete(idem)  # its job has expired from retention
-        raise ServiceUnavailable("could not claim the Idempotency-Key; retry", retry_after_s=1)
+    async def _replay(self, model: str, key: str, earlier: bytes, value: str) -> JobRecord | None:
+        """The earlier job under an Idempotency-Key, if the request is the same (422 if not);
+        None when that job is past retention."""
+        try:
+            job_id, earlier_digest = parse_idempotency_value(earlier)
+        except ProtocolError:
+            return None  # unreadable: take the key over
+        record = await self._load(job_id)
+        if record is None:
+            return None
+        _, digest = parse_idempotency_value(value.encode())
+        if earlier_digest and earlier_digest != digest:
+            # The job id is not in the message: keys are scoped per model, not per caller, and
+            # a job id is what gives access to a job's result.
+            raise UnprocessableContent(
+                f"Idempotency-Key '{key}' was already used for model '{model}' with a different "
+                "request; a key can be reused only to retry the same request (same inputs, "
+                "outputs, version and parameters): use a new key for a new request"
+            )
+        return record
 
     async def _load(self, job_id: str) -> JobRecord | None:
         raw = cast(dict[bytes, bytes], await self._redis.hgetall(self.keys.job(job_id)))
@@ -249,7 +327,9 @@ class JobService:
         except ProtocolError as e:
             log.error("unreadable job record", job_id=job_id, error=str(e))
             return None
-        if record.status is JobStatus.QUEUED and self.clock.now_ms() >= record.deadline_ms:
+        if record.status is JobStatus.QUEUED and has_expired(
+            record.deadline_ms, self.clock.now_ms()
+        ):
             # Nobody ran it in time: make that final, so no worker starts it now.
             await self._move(
                 record,
@@ -268,7 +348,10 @@ class JobService:
             ],
         )
         await self._redis.xadd(
-            self.keys.job_events, {b"job": record.id}, maxlen=100_000, approximate=True
+            self.keys.job_events,
+            {JOB_EVENT_FIELD: record.id},
+            maxlen=JOB_EVENTS_MAXLEN,
+            approximate=True,
         )
         return before[0] if before else None
 
@@ -292,21 +375,32 @@ class JobService:
     async def _read(self, job_id: str) -> JobRecord:
         try:
             record = await self._load(job_id)
-        except (RedisError, OSError) as e:
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
+        except RETRYABLE as e:
+            raise redis_unavailable(e, "read the job") from e
         if record is None:
-            raise NotFound(f"no job '{job_id}' (unknown, or past its retention)")
+            raise self._missing(job_id)
         return record
+
+    def _missing(self, job_id: str) -> Gone | NotFound:
+        """404 for an id nobody issued or a job past its retention; 410 for a job issued within
+        the retention window whose record is gone: Redis lost it."""
+        issued_ms = job_id_issued_ms(job_id)
+        now_ms = self.clock.now_ms()
+        if issued_ms is not None and 0 <= now_ms - issued_ms < self.settings.job_ttl_s * 1000:
+            return Gone(
+                f"job '{job_id}' was accepted at {iso(issued_ms)}, but Redis no longer has its "
+                "record: Redis lost data (it restarted without persistence, or evicted keys "
+                "under its maxmemory-policy). The job may not have run; submit it again"
+            )
+        return NotFound(f"no job '{job_id}' (unknown, or past its retention)")
 
     async def cancel(self, job_id: str) -> JobRecord:
         record = await self.get(job_id)
         if record.status is JobStatus.QUEUED:
             try:
                 before = await self._move(record, JobStatus.CANCELLED)
-            except (RedisError, OSError) as e:
-                raise ServiceUnavailable(f"the queue (Redis) is unreachable: {e}") from e
+            except RETRYABLE as e:
+                raise redis_unavailable(e, "cancel the job") from e
             record = await self.get(job_id)
             if before == JobStatus.QUEUED.value.encode():
                 log.info("job cancelled", job_id=job_id, model=record.model)

@@ -39,8 +39,15 @@ from starlette.responses import Response
 
 from protocol.keys import Keys
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
 from runtime.lag import LagError, LaneLag, collect, dead_letters
-from runtime.metrics import BYTES_BUCKETS, LATENCY_BUCKETS, exposition, new_registry
+from runtime.metrics import (
+    BYTES_BUCKETS,
+    LATENCY_BUCKETS,
+    RuntimeGauges,
+    exposition,
+    new_registry,
+)
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -69,7 +76,7 @@ REJECT_REASONS = (
 """Values of the ``reason`` label of ``inferq_gateway_rejected_total``, one per way a request is
 turned away before it is queued: no live worker (503), the backlog at ``max_backlog`` (429), the
 estimated queue wait longer than the deadline (429), the model's circuit breaker open (503),
-Redis unreachable (503). Anything else is recorded as ``other``."""
+Redis unreachable or refusing writes (503). Anything else is recorded as ``other``."""
 
 STREAM_REFRESH_S = 5.0
 
@@ -86,22 +93,25 @@ class GatewayMetrics:
     """Every metric one gateway process exports, in its own registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self._request_children: dict[tuple[str | None, str | None, str, int], tuple[Any, ...]] = {}
+        self._request_children: dict[
+            tuple[str | None, str | None, str, int, str], tuple[Any, ...]
+        ] = {}
         self.registry = new_registry() if registry is None else registry
         r = self.registry
         self.requests = Counter(
             "inferq_gateway_requests_total",
-            "HTTP requests answered, by model, version, endpoint and HTTP status code; model "
-            "and version are empty when the request named no known model.",
-            ["model", "version", "endpoint", "status"],
+            "Requests answered, by model, version, endpoint, HTTP status code (a gRPC call "
+            "counts under the HTTP status its gRPC code stands for) and protocol (http, grpc); "
+            "model and version are empty when the request named no known model.",
+            ["model", "version", "endpoint", "status", "protocol"],
             registry=r,
         )
         self.request_duration = Histogram(
             "inferq_gateway_request_duration_seconds",
             "End-to-end time from the request reaching the route to the response being ready, "
             "by model, version (the one it was routed to: compare a canary with the rest), "
-            "endpoint and status class (2xx, 4xx, 5xx).",
-            ["model", "version", "endpoint", "status_class"],
+            "endpoint, status class (2xx, 4xx, 5xx) and protocol (http, grpc).",
+            ["model", "version", "endpoint", "status_class", "protocol"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -203,6 +213,7 @@ class GatewayMetrics:
             "Refreshes of the stream gauges that failed (Redis unreachable or refused).",
             registry=r,
         )
+        self.runtime = RuntimeGauges(r)
 
     def observe_request(
         self,
@@ -213,18 +224,19 @@ class GatewayMetrics:
         seconds: float,
         *,
         body_bytes: int | None = None,
+        protocol: str = "http",
     ) -> None:
-        """One answered HTTP request (any status)."""
-        key = (model, version, endpoint, status)
+        """One answered request (any status); ``protocol`` is ``http`` or ``grpc``."""
+        key = (model, version, endpoint, status, protocol)
         children = self._request_children.get(key)
         if children is None:
             # labels() resolves and validates on every call; the label sets are few and fixed,
             # so resolve each once (this runs on every request).
             label = _one_of(endpoint, ENDPOINTS)
             children = self._request_children[key] = (
-                self.requests.labels(model or "", version or "", label, str(status)),
+                self.requests.labels(model or "", version or "", label, str(status), protocol),
                 self.request_duration.labels(
-                    model or "", version or "", label, _status_class(status)
+                    model or "", version or "", label, _status_class(status), protocol
                 ),
                 self.request_body.labels(model or ""),
             )
@@ -269,8 +281,10 @@ class StreamGauges:
         clock_now_ms: Callable[[], int] | None = None,
         *,
         interval_s: float = STREAM_REFRESH_S,
+        backoff: Backoff | None = None,
     ) -> None:
         self.metrics = metrics
+        self._backoff = backoff or Backoff("stream-gauges", log, critical=False)
         self._redis = redis
         self._keys = keys
         self._now_ms = clock_now_ms
@@ -280,7 +294,6 @@ class StreamGauges:
         self._partitions: set[tuple[str, str]] = set()
         self._backlog_models: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        self._failing = False
 
     async def refresh(self) -> None:
         """One refresh; Redis errors propagate (``run`` counts and logs them)."""
@@ -339,14 +352,10 @@ class StreamGauges:
         while not cancelling():
             try:
                 await self.refresh()
-                if self._failing:
-                    log.info("stream gauges refreshed again")
-                self._failing = False
-            except (RedisError, OSError, LagError) as e:
+                self._backoff.succeeded()
+            except (RedisError, OSError, LagError) as e:  # runtime.faults.RETRYABLE and more
                 self.metrics.stream_refresh_failures.inc()
-                if not self._failing:
-                    log.warning("stream gauges not refreshed", error=str(e))
-                self._failing = True
+                self._backoff.record(e)
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:

@@ -19,8 +19,12 @@ Leniencies, deliberately kept because checking them would cost a Python loop per
 
 * JSON ``true``/``false`` mixed with numbers in numeric ``data`` are taken as 1/0 (numpy's
   conversion); a list made only of ``true``/``false`` is still rejected for numeric datatypes.
-* ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's JSON reader accepts) are accepted for
-  floating-point inputs; they are rejected for integer inputs.
+
+Strictness, deliberately: ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259), so a
+JSON body that holds them, or a number literal too large to be finite (``1e999``), is refused
+with 400; non-finite values travel as binary data only, both ways (see
+:func:`encode_infer_response`). An integer literal longer than Python's limit on integer string
+conversion (4,300 digits) is refused with 400 too: no datatype could hold it.
 
 Shared memory and the classification extension are not supported and are rejected.
 """
@@ -29,8 +33,9 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -43,9 +48,15 @@ from protocol.tensor import unpack_bytes_elements as _unpack_bytes
 
 __all__ = [
     "InferRequestBody",
+    "check_element_count",
+    "check_input_parameters",
+    "check_inputs_complete",
+    "check_tensor_header",
     "encode_infer_response",
     "parse_infer_request",
     "parse_json_object",
+    "raise_no_inputs",
+    "requested_outputs",
 ]
 
 _INT_RANGES: dict[str, tuple[int, int]] = {
@@ -58,8 +69,9 @@ _EXACT_FLOAT_INT = 2**53
 _FLOAT_TYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind == "f")
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-"""Compact; keeps the default ``allow_nan=True`` (see :func:`encode_infer_response`)."""
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""Compact and strict: non-finite outputs never reach it (they go as binary data)."""
+_FLOAT_KINDS = "f"
 
 _KIND_WORDS = {
     "b": "true/false values",
@@ -100,14 +112,34 @@ class InferRequestBody:
     when absent. Only ``binary_data_output`` is checked here."""
 
 
+class _NotJsonNumber(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's reader takes them, JSON has none."""
+
+
+def _refuse_constant(literal: str) -> Any:
+    raise _NotJsonNumber(literal)
+
+
 def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
     """Decode ``body`` as a UTF-8 JSON object; anything else is a BadRequest about ``what``."""
     try:
-        value = json.loads(body.decode("utf-8"))
+        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
         raise BadRequest(f"{what} is not valid JSON: it is not UTF-8 text ({e})") from None
+    except _NotJsonNumber as e:
+        raise BadRequest(
+            f"{what} holds {e}, which JSON does not allow (it has no NaN or Infinity); send "
+            "non-finite values as binary data (the binary tensor extension)"
+        ) from None
     except json.JSONDecodeError as e:
         raise BadRequest(f"{what} is not valid JSON: {e}") from None
+    except ValueError:
+        # The one other ValueError json.loads raises: an integer literal longer than Python
+        # converts (sys.set_int_max_str_digits); before the fix it escaped as a 500.
+        raise BadRequest(
+            f"{what} holds an integer literal longer than {sys.get_int_max_str_digits()} "
+            "digits; no tensor datatype or parameter can hold it"
+        ) from None
     except RecursionError:
         raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
     if not isinstance(value, dict):
@@ -154,10 +186,7 @@ def parse_infer_request(
 
     raw_inputs = request.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise BadRequest(
-            f"request needs 'inputs', a non-empty list of input tensors (model '{model.name}' "
-            f"takes {_names(model.inputs)})"
-        )
+        raise_no_inputs(model)
 
     specs = {s.name: s for s in model.inputs}
     inputs: list[Tensor] = []
@@ -165,7 +194,7 @@ def parse_infer_request(
     for index, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
             raise BadRequest(f"inputs[{index}] must be an object, got {_json_type(raw)}")
-        name, datatype, shape = _tensor_header(raw, index, specs, model)
+        name, datatype, shape = check_tensor_header(raw, index, specs, model)
         if name in seen:
             raise BadRequest(f"input '{name}' appears more than once in the request")
         seen.add(name)
@@ -175,11 +204,7 @@ def parse_infer_request(
             params = {}
         elif not isinstance(params, dict):
             raise BadRequest(f"input '{name}': 'parameters' must be an object")
-        if "shared_memory_region" in params:
-            raise BadRequest(
-                f"input '{name}': shared memory is not supported by this server; send the "
-                "tensor in 'data' or as binary data"
-            )
+        check_input_parameters(name, params)
         size = params.get("binary_data_size")
         if size is not None:
             if "data" in raw:
@@ -201,19 +226,14 @@ def parse_infer_request(
             tensor = Tensor(name, datatype, shape, _json_tensor_data(name, datatype, shape, raw))
         inputs.append(tensor)
 
-    if len(seen) != len(specs):
-        missing = [s.name for s in model.inputs if s.name not in seen]
-        raise BadRequest(
-            f"model '{model.name}' needs input{'s' if len(missing) > 1 else ''} "
-            f"{_quoted(missing)}, missing from the request"
-        )
+    check_inputs_complete(seen, model)
     if pos != binary_end:
         raise BadRequest(
             f"request has {binary_end - pos} bytes of binary data after the JSON header that no "
             "input claims (the inputs' binary_data_size values add up to less)"
         )
 
-    outputs, binary_outputs, binary_all = _requested_outputs(
+    outputs, binary_outputs, binary_all = requested_outputs(
         request.get("outputs"), model, binary_data_output
     )
     return InferRequestBody(
@@ -253,9 +273,9 @@ def encode_infer_response(
       altering it, so that output is sent as binary data even if JSON was asked for (lossless, and
       every client of the binary extension, tritonclient included, reads it). Callers must
       therefore always honour ``header_length``.
-    * Non-finite floats are written as ``NaN``, ``Infinity`` and ``-Infinity``, which Python's and
-      tritonclient's (rapidjson) JSON readers accept but strict JSON parsers do not; such clients
-      should ask for binary outputs.
+    * A floating-point output holding ``NaN`` or an infinity is sent as binary data too: JSON has
+      no such numbers, and writing them as Python does (``NaN``) would make a body that strict
+      JSON parsers refuse. The JSON part of a response is always strict JSON.
     """
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -290,10 +310,11 @@ def encode_infer_response(
 # --- requests: tensor headers -------------------------------------------------------------
 
 
-def _tensor_header(
+def check_tensor_header(
     raw: dict[str, Any], index: int, specs: dict[str, TensorSpec], model: ModelMetadata
 ) -> tuple[str, str, tuple[int, ...]]:
-    """Check an input's name, datatype and shape against the model."""
+    """Check an input's name, datatype and shape (``raw`` holds them under the V2 JSON keys)
+    against the model; ``specs`` are the model's inputs by name."""
     name = raw.get("name")
     if not isinstance(name, str):
         raise BadRequest(f"inputs[{index}] needs a string 'name'")
@@ -333,6 +354,32 @@ def _tensor_header(
     return name, datatype, tuple(shape)
 
 
+def raise_no_inputs(model: ModelMetadata) -> NoReturn:
+    raise BadRequest(
+        f"request needs 'inputs', a non-empty list of input tensors (model '{model.name}' "
+        f"takes {_names(model.inputs)})"
+    )
+
+
+def check_input_parameters(name: str, params: dict[str, Any]) -> None:
+    """Reject the input parameters of extensions this server does not implement."""
+    if "shared_memory_region" in params:
+        raise BadRequest(
+            f"input '{name}': shared memory is not supported by this server; send the "
+            "tensor in 'data' or as binary data"
+        )
+
+
+def check_inputs_complete(seen: set[str], model: ModelMetadata) -> None:
+    """Every input of the model was given (``seen`` holds the names of those that were)."""
+    if len(seen) != len(model.inputs):
+        missing = [s.name for s in model.inputs if s.name not in seen]
+        raise BadRequest(
+            f"model '{model.name}' needs input{'s' if len(missing) > 1 else ''} "
+            f"{_quoted(missing)}, missing from the request"
+        )
+
+
 def _short_binary_message(name: str, size: int, left: int, header_length: int | None) -> str:
     if header_length is None:
         return (
@@ -358,7 +405,7 @@ def _json_tensor_data(
     need = math.prod(shape)
     if datatype == BYTES:
         elements = _json_strings(name, data)
-        _check_count(name, shape, need, len(elements))
+        check_element_count(name, shape, need, len(elements))
         try:
             encoded = [e.encode("utf-8") for e in elements]
         except UnicodeEncodeError:
@@ -370,7 +417,7 @@ def _json_tensor_data(
     return _json_numbers(name, datatype, shape, need, data).tobytes()
 
 
-def _check_count(name: str, shape: tuple[int, ...], need: int, got: int) -> None:
+def check_element_count(name: str, shape: tuple[int, ...], need: int, got: int) -> None:
     if got != need:
         raise BadRequest(
             f"input '{name}': shape {list(shape)} needs {need} "
@@ -411,7 +458,7 @@ def _json_numbers(
         raise BadRequest(
             f"input '{name}': 'data' nested lists are ragged (every row must have the same length)"
         ) from None
-    _check_count(name, shape, need, arr.size)
+    check_element_count(name, shape, need, arr.size)
     dtype = DTYPES[datatype]
     if arr.size == 0:
         return np.empty(0, dtype=dtype)
@@ -431,6 +478,12 @@ def _json_numbers(
         raise BadRequest(
             f"input '{name}': {datatype} data must be numbers, "
             f"found {_KIND_WORDS.get(kind, 'other values')}"
+        )
+    if kind in _FLOAT_KINDS and not np.isfinite(arr).all():
+        # NaN and Infinity were refused by the reader: this is a literal such as 1e999.
+        raise BadRequest(
+            f"input '{name}': a value is too large to be a finite number; JSON carries finite "
+            "numbers only, send non-finite values as binary data"
         )
 
     if datatype in _FLOAT_TYPES:
@@ -496,9 +549,12 @@ def _object_numbers(name: str, datatype: str, arr: npt.NDArray[Any]) -> npt.NDAr
 # --- requests: outputs --------------------------------------------------------------------
 
 
-def _requested_outputs(
+def requested_outputs(
     raw_outputs: Any, model: ModelMetadata, binary_data_output: bool
 ) -> tuple[list[str] | None, frozenset[str], bool]:
+    """The requested outputs' names (``None``: all), those to send as binary data, and whether
+    every output is (see :class:`InferRequestBody`); ``raw_outputs`` is the request's
+    ``outputs`` list of ``{"name": ..., "parameters": {...}}`` objects."""
     if raw_outputs is None or raw_outputs == []:
         if binary_data_output:
             return None, frozenset(s.name for s in model.outputs), True
@@ -550,13 +606,17 @@ def _requested_outputs(
 
 
 def _json_values(tensor: Tensor) -> list[Any] | None:
-    """The flat JSON values of a tensor, or None when BYTES data is not valid UTF-8."""
+    """The flat JSON values of a tensor, or None when JSON cannot carry them exactly (BYTES data
+    that is not UTF-8, floats that are not finite): the caller then sends binary data."""
     if tensor.datatype == BYTES:
         try:
             return [e.decode("utf-8") for e in _unpack_bytes(tensor.data)]
         except UnicodeDecodeError:
             return None
-    values: list[Any] = np.frombuffer(tensor.data, dtype=DTYPES[tensor.datatype]).tolist()
+    arr = np.frombuffer(tensor.data, dtype=DTYPES[tensor.datatype])
+    if arr.dtype.kind in _FLOAT_KINDS and not np.isfinite(arr).all():
+        return None
+    values: list[Any] = arr.tolist()
     return values
 
 

@@ -11,10 +11,13 @@ same tag live in the same slot, so on one master)::
     {ns}:replies:{<gateway>}          reply stream of one gateway process (read by its listener)
     {ns}:result:{request}             result of one request (SET NX with a TTL)
     {ns}:cache:{model}:{version}:{digest}   shared result cache, content-addressed
-    {ns}:job:{<t>}<rest of id>        async job record (hash, see protocol.jobs), with a TTL;
-                                      the tag is the job id's first JOB_TAG_CHARS characters
-    {ns}:idempotency:{<t>}<model>:<key>   Idempotency-Key -> job id, with a TTL; the same tag
-                                      as the job it names (see ``idempotency_tag``)
+    {ns}:job:{<t>}<id>                async job record (hash, see protocol.jobs), with a TTL;
+                                      the tag is part of the job id's random bits (JOB_TAG)
+    {ns}:idempotency:{<t>}<model>:<key>   Idempotency-Key -> job id and request digest
+                                      (``protocol.jobs``), with a TTL; the same tag as the job
+                                      it names (see ``idempotency_tag``)
+    {ns}:cancelled:{<model>}          zset: ids of requests whose callers have gone -> their
+                                      deadline (``protocol.cancellation``); dropped unrun
     {ns}:jobevents                    stream of finished job ids, read by every gateway
 
     Control plane: one slot per namespace (a few commands a second; read and written together)
@@ -60,12 +63,21 @@ from enum import StrEnum
 GROUP = "workers"
 """The one consumer group every worker joins on every request stream."""
 
-JOB_TAG_CHARS = 4
-"""A job key's hash tag is this many leading characters of the job id (24 bits: enough tags to
-spread jobs over every slot)."""
+JOB_TAG = slice(8, 12)
+"""Where a job id (``protocol.jobs.new_job_id``) holds its key's hash tag: characters 8 to 11,
+the first three of its random bytes (24 bits: enough tags to spread jobs over every slot). The
+characters before them encode the time of issue, which would put a day's jobs in a few slots."""
+JOB_TAG_CHARS = JOB_TAG.stop - JOB_TAG.start
 
 MAX_PARTITIONS = 64
 """Most partitions (streams per lane, each on its own slot) one model may have."""
+
+JOB_EVENTS_MAXLEN = 100_000
+"""Cap of the job events stream: gateways read events as they come, so it only needs to cover a
+reconnect (trimmed approximately, ``MAXLEN ~``)."""
+
+DLQ_MAXLEN = 100_000
+"""Cap of each dead-letter stream (trimmed approximately)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
@@ -109,12 +121,21 @@ def hash_tag(key: str) -> str:
     return key
 
 
+def idempotency_tag_bytes(model: str, key: str) -> bytes:
+    """Three bytes derived from a model and an ``Idempotency-Key``: a job submitted with the key
+    starts its random bytes with them, so its id carries ``idempotency_tag`` at ``JOB_TAG``."""
+    return hashlib.blake2b(f"{model}\0{key}".encode(), digest_size=3).digest()
+
+
 def idempotency_tag(model: str, key: str) -> str:
-    """The hash tag shared by an ``Idempotency-Key`` and the job it names: JOB_TAG_CHARS
-    URL-safe characters derived from the model and the key (a job submitted with a key gets an
-    id that starts with them)."""
-    digest = hashlib.blake2b(f"{model}\0{key}".encode(), digest_size=3).digest()
-    return base64.urlsafe_b64encode(digest).decode()[:JOB_TAG_CHARS]
+    """The hash tag shared by an ``Idempotency-Key`` and the job it names (JOB_TAG_CHARS URL-safe
+    characters)."""
+    return base64.urlsafe_b64encode(idempotency_tag_bytes(model, key)).decode()
+
+
+def job_tag(job_id: str) -> str:
+    """The hash tag of a job's record: ``JOB_TAG`` of its id (the whole id if it is shorter)."""
+    return job_id[JOB_TAG] if len(job_id) >= JOB_TAG.stop else job_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,11 +214,13 @@ class Keys:
         return f"{self.namespace}:cache:{model}:{version}:{digest}"
 
     def job(self, job_id: str) -> str:
-        tag, rest = job_id[:JOB_TAG_CHARS], job_id[JOB_TAG_CHARS:]
-        return f"{self.namespace}:job:{{{tag}}}{rest}"
+        return f"{self.namespace}:job:{{{job_tag(job_id)}}}{job_id}"
 
     def idempotency(self, model: str, key: str) -> str:
         return f"{self.namespace}:idempotency:{{{idempotency_tag(model, key)}}}{model}:{key}"
+
+    def cancelled(self, model: str) -> str:
+        return f"{self.namespace}:cancelled:{{{model}}}"
 
     @property
     def job_events(self) -> str:
@@ -268,3 +291,24 @@ class Keys:
 
 def _glob_escape(text: str) -> str:
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def text(value: bytes | str) -> str:
+    """A key, field or stream id as Redis returned it (bytes, or str with decoding on)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def next_id(entry_id: str) -> str:
+    """The smallest stream id after ``entry_id`` (for XTRIM MINID and exclusive ranges)."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def id_before(entry_id: str, other: str) -> bool:
+    """Whether stream id ``entry_id`` sorts before ``other``."""
+    return _id_tuple(entry_id) < _id_tuple(other)
+
+
+def _id_tuple(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -327,3 +327,22 @@ async def queue_script(pipe: Any, script: Any, keys: Sequence[Any], args: Sequen
         pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
     else:
         await script(keys=list(keys), args=list(args), client=pipe)
+
+
+async def script_per_slot(
+    client: Any, script: Any, keys: Sequence[str], args: Sequence[Any]
+) -> list[Any]:
+    """Run a registered script whose reply is one item per key over ``keys``: in one call on
+    one Redis; on a cluster in one call per slot (a script may only touch keys of one slot),
+    pipelined, replies put back in the order of ``keys``."""
+    if not isinstance(client, RedisCluster):
+        return list(await script(keys=list(keys), args=list(args)))
+    groups = group_by_slot(keys)
+    pipe = client.pipeline(transaction=False)
+    for members in groups.values():
+        await queue_script(pipe, script, members, args)
+    replies = iter(zip(groups.values(), await pipe.execute(), strict=True))
+    by_key: dict[str, Any] = {}
+    for members, reply in replies:
+        by_key.update(zip(members, reply, strict=True))
+    return [by_key[k] for k in keys]

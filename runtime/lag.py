@@ -25,7 +25,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
 from protocol import ProtocolError
-from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name, text
 from protocol.registry import ModelMetadata
 
 
@@ -152,16 +152,12 @@ def estimate(before: LaneLag, after: LaneLag) -> Drain | None:
 # -- collection ------------------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _id_ms(entry_id: Any) -> int:
-    return int(_text(entry_id).partition("-")[0])
+    return int(text(entry_id).partition("-")[0])
 
 
 def _id_tuple(entry_id: Any) -> tuple[int, int]:
-    ms, _, seq = _text(entry_id).partition("-")
+    ms, _, seq = text(entry_id).partition("-")
     return int(ms), int(seq or 0)
 
 
@@ -202,7 +198,7 @@ async def discover_partitions(
     raw = await redis.hgetall(keys.models)
     found: dict[str, int] = {}
     for name, value in raw.items():
-        model = _text(name)
+        model = text(name)
         try:
             found[model] = ModelMetadata.decode(value).partitions
         except ProtocolError:
@@ -210,7 +206,7 @@ async def discover_partitions(
     if scan:
         pattern = _glob_escape(f"{keys.namespace}:stream:") + "*"
         async for key in redis.scan_iter(match=pattern, count=1000, _type="stream"):
-            parsed = keys.parse_stream_key(_text(key))
+            parsed = keys.parse_stream_key(text(key))
             if parsed is not None:
                 found[parsed.model] = max(found.get(parsed.model, 1), parsed.partition + 1)
     return {n: p for n, p in sorted(found.items()) if is_valid_name(n)}
@@ -253,7 +249,7 @@ async def collect(
     replies = await pipe.execute(raise_on_error=False)
     seconds, micros = _checked(replies[0], "TIME")
     now = clock_now_ms() if clock_now_ms else int(seconds) * 1000 + int(micros) // 1000
-    live = {_text(w) for w, expiry in _checked(replies[1], keys.workers) if expiry >= now}
+    live = {text(w) for w, expiry in _checked(replies[1], keys.workers) if expiry >= now}
     rows: list[LaneLag] = []
     unknown: dict[int, Any] = {}  # row index -> last-delivered id, where Redis gave no lag
     for i, (model, lane, partition, stream) in enumerate(lanes):
@@ -262,7 +258,7 @@ async def collect(
         group = None
         if not _missing(groups):
             listed = _checked(groups, f"XINFO GROUPS {stream}")
-            group = next((g for g in listed if _text(g["name"]) == GROUP), None)
+            group = next((g for g in listed if text(g["name"]) == GROUP), None)
         if group is None:
             rows.append(
                 LaneLag(
@@ -298,7 +294,7 @@ async def collect(
                 lag=int(lag) if lag is not None else 0,
                 lag_source=LagSource.XINFO,
                 pending=int(summary["pending"]),
-                consumers=sum(1 for c in members if _text(c["name"]) in live),
+                consumers=sum(1 for c in members if text(c["name"]) in live),
                 consumers_registered=len(members),
                 oldest_pending_ms=max(0, now - _id_ms(oldest)) if oldest is not None else None,
                 entries_read=int(entries_read) if entries_read is not None else None,

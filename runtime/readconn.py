@@ -36,7 +36,7 @@ from runtime.cluster import (
 class BlockingReads(Protocol):
     async def connection(self) -> aioredis.Redis: ...
 
-    async def reset(self, error: BaseException | None = None) -> None: ...
+    async def reset(self, error: BaseException | None = None) -> bool: ...
 
     async def unblock(self, client_id: int) -> None: ...
 
@@ -53,8 +53,9 @@ class ReadConnection:
     async def connection(self) -> aioredis.Redis:
         return self._reader
 
-    async def reset(self, error: BaseException | None = None) -> None:
+    async def reset(self, error: BaseException | None = None) -> bool:
         """Nothing to re-aim: the client reconnects to the one server by itself."""
+        return False
 
     async def unblock(self, client_id: int) -> None:
         await self._commands.client_unblock(client_id)
@@ -117,14 +118,15 @@ class SlotReadConnection:
         self._address = (host, port)
         return self._client
 
-    async def reset(self, error: BaseException | None = None) -> None:
-        """Drop the connection after ``error``: follow a MOVED, else re-read the slot table."""
+    async def reset(self, error: BaseException | None = None) -> bool:
+        """Drop the connection after ``error``: follow a MOVED (True: read again at once), else
+        re-read the slot table (False: back off first)."""
         await self._close()
+        await self._cluster.refresh_topology()  # after a MOVED the rest moved too, probably
         if isinstance(error, MovedError):
             self._redirect = (error.host, int(error.port))
-            await self._cluster.refresh_topology()  # the rest of the table moved too, probably
-        else:
-            await self._cluster.refresh_topology()
+            return True
+        return False
 
     async def unblock(self, client_id: int) -> None:
         if self._address is None:

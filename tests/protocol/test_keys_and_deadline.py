@@ -16,6 +16,7 @@ from protocol.deadline import (
     redis_time_ms,
     remaining_ms,
 )
+from protocol.jobs import JOB_ID_RANDOM_BYTES, new_job_id
 from protocol.keys import (
     GROUP,
     JOB_TAG_CHARS,
@@ -25,7 +26,9 @@ from protocol.keys import (
     StreamKey,
     hash_tag,
     idempotency_tag,
+    idempotency_tag_bytes,
     is_valid_name,
+    job_tag,
 )
 from protocol.tensor import Tensor, pack_bytes_elements
 
@@ -76,7 +79,8 @@ def test_keys_follow_the_documented_layout() -> None:
     assert keys.workers == "inferq:{inferq}:workers"
     assert keys.worker("w") == "inferq:{inferq}:worker:w"
     assert keys.models == "inferq:{inferq}:models"
-    assert keys.job("abcdefghijklmnopqrstuv") == "inferq:job:{abcd}efghijklmnopqrstuv"
+    assert keys.job("abcdefghijklmnopqrstuv") == "inferq:job:{ijkl}abcdefghijklmnopqrstuv"
+    assert keys.job("j1") == "inferq:job:{j1}j1"
     assert keys.idempotency("m", "i") == f"inferq:idempotency:{{{idempotency_tag('m', 'i')}}}m:i"
     assert keys.dlq("m") == "inferq:dlq:{m}"
     assert keys.job_events == "inferq:jobevents"
@@ -131,13 +135,19 @@ def test_the_dead_letter_stream_shares_the_slot_of_partition_0() -> None:
 
 def test_a_job_record_shares_its_idempotency_keys_slot_when_its_id_carries_the_tag() -> None:
     keys = Keys()
-    tag = idempotency_tag("digits", "scan-0001")
-    assert len(tag) == JOB_TAG_CHARS
-    job_id = tag + "x" * (22 - JOB_TAG_CHARS)
+    tag = idempotency_tag_bytes("digits", "scan-0001")
+    job_id = new_job_id(1_796_000_000_000, tag + bytes(JOB_ID_RANDOM_BYTES - len(tag)))
+    assert job_tag(job_id) == idempotency_tag("digits", "scan-0001")
+    assert len(job_tag(job_id)) == JOB_TAG_CHARS
     assert hash_tag(keys.job(job_id)) == hash_tag(keys.idempotency("digits", "scan-0001"))
     # Different keys (and the same key for another model) spread over different tags.
-    assert idempotency_tag("digits", "scan-0002") != tag
-    assert idempotency_tag("other", "scan-0001") != tag
+    assert idempotency_tag("digits", "scan-0002") != idempotency_tag("digits", "scan-0001")
+    assert idempotency_tag("other", "scan-0001") != idempotency_tag("digits", "scan-0001")
+
+
+def test_jobs_issued_together_spread_over_tags() -> None:
+    ids = [new_job_id(1_796_000_000_000, bytes([i]) * JOB_ID_RANDOM_BYTES) for i in range(50)]
+    assert len({job_tag(i) for i in ids}) == 50  # the tag is random bits, not the issue time
 
 
 def test_an_idempotency_key_with_braces_keeps_the_tag_inferq_gave_it() -> None:

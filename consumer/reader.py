@@ -1,0 +1,363 @@
+"""The worker's reader: one ``XREADGROUP`` over every stream of every served model (on a Redis
+Cluster, one per slot: see ``ReadGroup``), and the intake that turns what it reads (or what the
+reclaimer claims) into queued deliveries.
+
+Reads are aimed at batching: the reader asks each model's streams for just enough entries to fill
+its next batch, keeps reading while the model runs (the next batch forms meanwhile), stops
+reading a model whose next batch is full, and wakes from a blocking read with ``CLIENT UNBLOCK``
+when a model that was full wants more.
+
+A Redis error never ends the reader. A vanished stream or consumer group (Redis evicted the
+stream, or restarted empty; Redis answers ``UNBLOCKED the stream key no longer exists`` or
+``NOGROUP``) is created again and reading carries on; anything else is retried with backoff,
+after which the reader pages through its own pending list again in case a read's reply was lost.
+On a cluster, a read that meets a slot that moved (failover, resharding: MOVED, or a connection
+refused by a dead master) reconnects to where the slot lives now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import ResponseError
+
+from consumer.batcher import Queued
+from consumer.ledger import Ledger
+from consumer.metrics import WorkerMetrics
+from consumer.model import batch_group, rows_of
+from consumer.outgoing import Outcomes, Outgoing
+from consumer.slots import Delivery, ModelSlot, ModelSlots
+from consumer.stats import WorkerStats
+from protocol import ProtocolError
+from protocol.deadline import local_deadline
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, text
+from protocol.messages import FIELD, InferRequest
+from runtime.aio import cancelling
+from runtime.backoff import Backoff
+from runtime.connections import RedisClock
+from runtime.faults import RETRYABLE, Fault, classify
+from runtime.loops import Loops
+from runtime.readconn import BlockingReads
+
+log = structlog.get_logger("inferq.worker")
+
+
+@dataclass(eq=False)
+class ReadGroup:
+    """Request streams that one ``XREADGROUP`` may read together, and its blocking connection.
+
+    On one Redis that is every stream of every served model: one loop and one blocking
+    connection, however many models. On a Redis Cluster a command may only name keys of one
+    slot, so there is one group per model partition (its three lanes share a hash tag), each with
+    its own loop and a connection to the master that owns the slot. Redis cannot block on keys of
+    several slots in one command, so a node that holds several of a worker's partitions gets one
+    blocking connection per partition from it; connections grow with partitions served, never
+    with requests.
+    """
+
+    name: str
+    streams: frozenset[str]
+    reads: BlockingReads
+    backoff: Backoff
+    client_id: int | None = None
+    blocking_on: frozenset[str] | None = None
+    missing: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Reader:
+    def __init__(
+        self,
+        *,
+        consumer: str,
+        redis: aioredis.Redis,
+        groups: list[ReadGroup],
+        keys: Keys,
+        slots: ModelSlots,
+        ledger: Ledger,
+        outcomes: Outcomes,
+        put: Callable[[list[Outgoing]], None],
+        clock: RedisClock,
+        metrics: WorkerMetrics,
+        stats: WorkerStats,
+        loops: Loops,
+        block_ms: int,
+        max_deliveries: int,
+    ) -> None:
+        self._consumer = consumer
+        self._redis = redis
+        self.groups = groups
+        self._keys = keys
+        self._slots = slots
+        self._ledger = ledger
+        self._outcomes = outcomes
+        self._put = put
+        self._clock = clock
+        self._metrics = metrics
+        self._stats = stats
+        self._loops = loops
+        self._block_ms = block_ms
+        self._max_deliveries = max_deliveries
+        self.draining = False
+        """Set on shutdown: take nothing more."""
+
+    # -- groups ------------------------------------------------------------------------------
+
+    async def ensure_groups(self) -> None:
+        """Create every served stream and its consumer group where missing."""
+        for slot in self._slots.values():
+            for stream in slot.streams:
+                try:
+                    # From id 0: requests queued before any worker existed are served too.
+                    await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+                except ResponseError as e:
+                    if "BUSYGROUP" not in str(e):
+                        raise
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def room(self, model: str) -> int:
+        """How many more entries this worker should take on for the model right now."""
+        slot = self._slots.get(model)
+        return 0 if slot is None or self.draining else slot.wanted_count()
+
+    def wake(self) -> None:
+        """A model's wants changed: make sure no group's read is blocked on the old ones."""
+        for group in self.groups:
+            group.wake.set()
+            if group.blocking_on is None or group.client_id is None:
+                continue
+            streams, _, _ = self._wanted(group)
+            if not set(streams) <= group.blocking_on:
+                group.blocking_on = None
+                self._loops.spawn_once("unblock", self._unblock(group, group.client_id))
+
+    async def _unblock(self, group: ReadGroup, client_id: int) -> None:
+        try:
+            await group.reads.unblock(client_id)
+        except RETRYABLE as e:
+            log.debug("could not unblock the reader", error=str(e))
+
+    async def run(self) -> None:
+        """Read every group, each in its own loop (one on one Redis)."""
+        await asyncio.gather(*(self._run(group) for group in self.groups))
+
+    async def _run(self, group: ReadGroup) -> None:
+        while not cancelling():
+            streams, count, block = self._wanted(group)
+            if not streams:
+                group.wake.clear()
+                await group.wake.wait()
+                continue
+            try:
+                reply = await self._read(group, streams, count, block)
+            except RETRYABLE as e:
+                await self._read_failed(group, e)
+                continue
+            finally:
+                group.blocking_on = None
+            group.backoff.succeeded()
+            self._deliver(group, reply or [], streams, count)
+
+    async def _read(
+        self, group: ReadGroup, streams: dict[str, str], count: int, block: bool
+    ) -> Any:
+        if group.missing:
+            await self.ensure_groups()
+            group.missing = False
+        reader = await group.reads.connection()
+        if group.client_id is None:
+            group.client_id = int(await reader.client_id())
+        if block:
+            group.blocking_on = frozenset(streams)
+            for slot in self._slots.values():
+                if any(s in streams for s in slot.streams):
+                    slot.drained_in[group.name] = True
+        return await reader.xreadgroup(
+            GROUP,
+            self._consumer,
+            cast(Any, streams),
+            count=count,
+            block=self._block_ms if block else None,
+        )
+
+    async def _read_failed(self, group: ReadGroup, error: BaseException) -> None:
+        # Redis may have delivered entries whose reply never reached us: they sit in this
+        # consumer's pending list. Read that list again (skipping what we hold).
+        for slot in self._slots.values():
+            slot.reread_pending(group.streams)
+        fault = classify(error)
+        if fault is Fault.MISSING:
+            if not group.missing:
+                log.warning(
+                    "a request stream or the consumer group is gone (evicted, deleted, or Redis "
+                    "restarted empty); creating it again",
+                    error=str(error),
+                )
+                self._stats.recreated += 1
+            group.missing = True
+            if group.backoff.healthy:
+                group.backoff.record(error)
+                return  # the first failure of a run: recreate at once, then back off
+        else:
+            group.client_id = None
+            # On a cluster: reconnect where the slot lives now (a MOVED names it; after a
+            # connection error the slot table is read again). One Redis: nothing to re-aim.
+            if await group.reads.reset(error):
+                group.backoff.record(error)
+                return  # a MOVED named the slot's new owner: read there at once
+        await group.backoff.failed(error)
+
+    def _wanted(self, group: ReadGroup) -> tuple[dict[str, str], int, bool]:
+        """The group's streams to read (with ids), entries per stream, and whether to block."""
+        streams: dict[str, str] = {}
+        count = 0
+        prompt = False
+        for slot in self._slots.values():
+            mine = [s for s in slot.streams if s in group.streams]
+            if not mine:
+                continue
+            wanted = {s: slot.wanted_count(slot.lane_of[s]) for s in mine}
+            included = [s for s, n in wanted.items() if n > 0]
+            if not included:
+                slot.drained_in[group.name] = False  # not read: what is queued is unknown
+                continue
+            streams.update({s: slot.read_ids[s] for s in included})
+            count = max(count, *(wanted[s] for s in included))
+            prompt = prompt or slot.needs_prompt_read() or slot.reading_backlog()
+        return streams, count, not prompt
+
+    def _deliver(
+        self, group: ReadGroup, reply: list[Any], asked: dict[str, str], count: int
+    ) -> None:
+        got: dict[str, int] = {}
+        last_ids: dict[str, str] = {}
+        for raw_stream, entries in reply:
+            stream = text(raw_stream)
+            got[stream] = len(entries)
+            if entries and asked.get(stream, ">") != ">":
+                last_ids[stream] = text(entries[-1][0])
+            self.accept(stream, entries)
+        for slot in self._slots.values():
+            mine = [s for s in slot.streams if s in group.streams]
+            if not any(s in asked for s in mine):
+                continue
+            for stream in mine:
+                if stream in asked and asked[stream] != ">":
+                    # Reading our own pending list: page through it, then switch to new entries.
+                    done = got.get(stream, 0) < count
+                    slot.read_ids[stream] = ">" if done else last_ids.get(stream, ">")
+            drained = all(s in asked and got.get(s, 0) < count for s in mine)
+            slot.drained_in[group.name] = drained
+            if drained:
+                slot.changed.set()
+
+    # -- intake ------------------------------------------------------------------------------
+
+    def accept(
+        self,
+        stream: str,
+        entries: list[Any],
+        *,
+        deliveries: Callable[[int], int] | None = None,
+    ) -> None:
+        """Queue entries read from (or claimed on) a stream for their model's next batches.
+
+        ``deliveries(i)``, when given (reclaimed entries), is how often entry ``i`` has been
+        delivered. Past ``max_deliveries`` it is not run again: it is dead-lettered and its
+        caller answered with the reason. An entry delivered more than once runs in a batch of its
+        own, so if it is what crashes workers it takes no other request down with it.
+        """
+        slot = self._slots.slot_of(stream, self._keys)
+        if slot is None:
+            return
+        now, now_ms = time.monotonic(), self._clock.now_ms()
+        out: list[Outgoing] = []
+        for i, (entry_id, fields) in enumerate(entries):
+            if not self._ledger.take(stream, entry_id):
+                continue  # re-read from our pending list while we still hold it
+            if fields is None:
+                # Deleted while pending (a pending-list read reports it): nothing to run.
+                out.append(self._outcomes.nothing(stream, entry_id))
+                continue
+            request = self._decode(slot, stream, entry_id, fields, out)
+            if request is None:
+                continue
+            delivery = Delivery(stream, entry_id, request, now_ms, now)
+            times = deliveries(i) if deliveries is not None else 1
+            if times > self._max_deliveries:
+                out.append(self._poisoned(slot, delivery, times, fields.get(FIELD, b"")))
+                continue
+            self._queue(slot, delivery, times)
+        slot.changed.set()
+        if out:
+            self._put(out)
+
+    def _decode(
+        self,
+        slot: ModelSlot,
+        stream: str,
+        entry_id: bytes,
+        fields: dict[bytes, bytes],
+        out: list[Outgoing],
+    ) -> InferRequest | None:
+        """The entry's request, or None after routing an undecodable one to dead letters."""
+        payload = fields.get(FIELD)
+        try:
+            if payload is None:
+                raise ProtocolError(f"stream entry has no '{FIELD.decode()}' field")
+            return InferRequest.decode(payload)
+        except ProtocolError as e:
+            log.error(
+                "undecodable request moved to dead letters",
+                stream=stream,
+                entry=entry_id,
+                error=str(e),
+            )
+            self._stats.dead_lettered += 1
+            self._metrics.observe_dead_letter(slot.model.name, "undecodable")
+            out.append(self._outcomes.undecodable(stream, entry_id, str(e), payload or b""))
+            return None
+
+    def _poisoned(self, slot: ModelSlot, d: Delivery, times: int, raw: bytes) -> Outgoing:
+        reason = (
+            f"the request was delivered {times - 1} times without completing (it may crash "
+            "workers); it was moved to the dead-letter stream"
+        )
+        r = d.request
+        log.error(
+            "request moved to dead letters",
+            stream=d.stream,
+            entry=d.entry_id,
+            request_id=r.id,
+            model=r.model,
+            reason=reason,
+            traceparent=r.traceparent,
+        )
+        self._stats.dead_lettered += 1
+        self._metrics.observe_dead_letter(slot.model.name, "poison")
+        return self._outcomes.poisoned(d, reason, raw)
+
+    def _queue(self, slot: ModelSlot, d: Delivery, times: int) -> None:
+        lane = slot.lane_of[d.stream]
+        r = d.request
+        self._metrics.observe_dequeued(
+            slot.model.name, LANES_BY_PRIORITY[lane].value, (d.read_ms - r.enqueued_ms) / 1000
+        )
+        slot.idle.clear()
+        slot.queue.push(
+            Queued(
+                d,
+                lane=lane,
+                rows=rows_of(r),
+                group=batch_group(r) if times == 1 else ("suspect", d.stream, d.entry_id),
+                arrived=d.read_at,
+                deadline=local_deadline(r.deadline_ms, d.read_ms, d.read_at),
+            )
+        )
