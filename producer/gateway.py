@@ -33,6 +33,7 @@ from runtime.connections import RedisClock, blocking_client, command_client, red
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE, describe
 from runtime.loops import Loops
+from runtime.stats import StatsRefresher
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -106,6 +107,18 @@ class Gateway:
             self.clock.now_ms,
             interval_s=s.stream_gauges_s,
             backoff=self.loops.backoff("stream-gauges", critical=False),
+            stats=lambda: self.registry.stats,
+        )
+        stats = StatsRefresher(
+            self.redis,
+            self.keys,
+            s.gateway_id,
+            self.clock.now_ms,
+            interval_s=s.registry_refresh_s,
+            detail_every=max(1, round(s.stream_gauges_s / s.registry_refresh_s)),
+            backoff=self.loops.backoff("stats", critical=False),
+            latest=lambda: self.registry.stats,
+            publish=self.registry.accept_stats,
         )
         self.loops.spawn("replies", self.replies.run())
         self.loops.spawn("reply-keepalive", self.replies.run_keepalive(s.heartbeat_s))
@@ -114,6 +127,7 @@ class Gateway:
         self.loops.spawn("registry", self.registry.run())
         self.loops.spawn("clock", self._resync_clock())
         self.loops.spawn("stream-gauges", gauges.run())
+        self.loops.spawn("stats", stats.run())
         self.metrics.runtime.track_loops(self.loops.health)
         log.info(
             "gateway started",

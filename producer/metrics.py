@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from protocol.keys import Keys
+from protocol.stats import StatsSnapshot
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.lag import LagError, LaneLag, collect, dead_letters
@@ -48,6 +49,7 @@ from runtime.metrics import (
     exposition,
     new_registry,
 )
+from runtime.stats import to_lanes
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -282,8 +284,11 @@ class StreamGauges:
         *,
         interval_s: float = STREAM_REFRESH_S,
         backoff: Backoff | None = None,
+        stats: Callable[[], StatsSnapshot | None] | None = None,
     ) -> None:
         self.metrics = metrics
+        self._stats = stats
+        """The published backlog snapshot, when fresh (the registry keeps the latest)."""
         self._backoff = backoff or Backoff("stream-gauges", log, critical=False)
         self._redis = redis
         self._keys = keys
@@ -296,7 +301,12 @@ class StreamGauges:
         self._task: asyncio.Task[None] | None = None
 
     async def refresh(self) -> None:
-        """One refresh; Redis errors propagate (``run`` counts and logs them)."""
+        """One refresh; Redis errors propagate (``run`` counts and logs them). From the
+        published snapshot (``runtime.stats``) when there is a fresh one: no Redis command."""
+        stats = self._stats() if self._stats is not None else None
+        if stats is not None:
+            self.apply(to_lanes(stats, self._keys), stats.dead_letters)
+            return
         lanes = await collect(self._redis, self._keys, self._now_ms, scan=False)
         dlq = await dead_letters(self._redis, self._keys, (lane.model for lane in lanes))
         self.apply(lanes, dlq)

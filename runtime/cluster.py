@@ -46,6 +46,8 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from runtime.faults import redis_said
+
 __all__ = ["key_slot"]
 
 
@@ -139,7 +141,9 @@ or a redirect still outstanding after redis-py followed it. Not all of these are
 def as_connection_error(error: BaseException) -> RedisConnectionError:
     """A transient cluster error as the ``ConnectionError`` every inferq loop and handler
     already treats as "Redis is unavailable: back off / answer 503"."""
-    converted = RedisConnectionError(f"Redis Cluster unavailable: {error}")
+    # Only what Redis said: a pipeline's error quotes the command, payload included.
+    said = redis_said(error) or type(error).__name__
+    converted = RedisConnectionError(f"Redis Cluster unavailable: {said}")
     converted.__cause__ = error
     return converted
 
