@@ -112,7 +112,9 @@ def _settle(url: str, procs: list[subprocess.Popen[bytes]]) -> None:
     keys = Keys(NAMESPACE)
     deadline = time.monotonic() + 120
     with redis.Redis.from_url(url) as r:
-        while not (r.zcard(keys.workers) and r.exists(keys.stats)):
+        # (A revision before the elected refresher has no stats key: then only the worker.)
+        stats = getattr(keys, "stats", None)
+        while not (r.zcard(keys.workers) and (stats is None or r.exists(stats))):
             if any(p.poll() is not None for p in procs):
                 raise RuntimeError("an inferq process exited during the idle run")
             if time.monotonic() > deadline:

@@ -252,6 +252,19 @@ class GatedCluster(RedisCluster):
 
         return await self._inferq_gate.run(call)
 
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        # redis-py finds the keys of XREAD and XREADGROUP (whose key positions move) by asking a
+        # node COMMAND GETKEYS: one more round trip for every read of a reply stream. Their keys
+        # follow STREAMS, and one command's keys share a slot, so the first one says where.
+        if str(command).upper() in ("XREAD", "XREADGROUP"):
+            for i, arg in enumerate(args):
+                word = arg.decode() if isinstance(arg, bytes) else str(arg)
+                if word.upper() == "STREAMS" and i + 1 < len(args):
+                    key = args[i + 1]
+                    return key_slot(key if isinstance(key, bytes) else str(key).encode())
+        slot: int = await super()._determine_slot(command, *args)
+        return slot
+
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
             raise ValueError("shard_hint is not supported on a cluster")
