@@ -124,12 +124,12 @@ def render_table(
             f"{namespace}:stream:* keys): check --namespace and --redis\n"
         )
     partitioned = {lane.model for lane in lanes if lane.partition > 0}
-    columns = COLUMNS if not partitioned else (COLUMNS[0], "PART", *COLUMNS[1:])
-    rows = [columns]
+    columns: tuple[str, ...] = COLUMNS if not partitioned else (COLUMNS[0], "PART", *COLUMNS[1:])
+    rows: list[tuple[str, ...]] = [columns]
     totals = {m.model: m for m in by_model(lanes, dlq)}
     for i, lane in enumerate(lanes):
         drain = drains.get((lane.model, lane.lane, lane.partition))
-        row = (
+        row: tuple[str, ...] = (
             lane.model,
             lane.lane.value,
             str(lane.length),

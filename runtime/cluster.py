@@ -25,7 +25,7 @@ import contextvars
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import redis
@@ -181,8 +181,9 @@ class GatedPipeline(ClusterPipeline):
     made with ``transaction=True`` over one slot) that waits for a slot of its client's gate."""
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
-        gate: _Gate = self.cluster_client._inferq_gate  # type: ignore[attr-defined]
-        parent = super()
+        client = cast(GatedCluster, self.cluster_client)
+        gate: _Gate = client._inferq_gate
+        parent = cast(Any, super())
 
         async def call() -> Any:
             try:
@@ -191,14 +192,14 @@ class GatedPipeline(ClusterPipeline):
                 )
             except TRANSIENT_CLUSTER_ERRORS as e:
                 if _transient(e):
-                    await self.cluster_client.refresh_topology()
+                    await client.refresh_topology()
                     raise as_connection_error(e) from e
                 raise
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 # A plain command marks the slot table stale after a connection error; a
                 # pipeline does not (with no retries), so it would keep sending to a dead
                 # master after its replica took over. Re-read the table here.
-                await self.cluster_client.refresh_topology()
+                await client.refresh_topology()
                 raise
             return [as_connection_error(r) if _transient(r) else r for r in replies]
 
@@ -235,7 +236,7 @@ class GatedCluster(RedisCluster):
                 self.commands_parser.node = self.nodes_manager.default_node
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        parent = super()
+        parent = cast(Any, super())
 
         async def call() -> Any:
             try:
@@ -268,7 +269,7 @@ class GatedCluster(RedisCluster):
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
             raise ValueError("shard_hint is not supported on a cluster")
-        return GatedPipeline(self, transaction)
+        return GatedPipeline(self, transaction)  # type: ignore[abstract]
 
 
 def cluster_client(
@@ -308,7 +309,10 @@ def sync_cluster_client(url: str, *, socket_timeout_s: float) -> redis.cluster.R
     if options.pop("connection_class", None) is not None:
         options["ssl"] = True
     return redis.cluster.RedisCluster(
-        startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in seeds.hosts],
+        startup_nodes=[
+            redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+            for h, p in seeds.hosts
+        ],
         retry=redis.retry.Retry(NoBackoff(), 0),
         socket_timeout=socket_timeout_s,
         **options,

@@ -200,7 +200,8 @@ async def discover_partitions(
     for name, value in raw.items():
         model = text(name)
         try:
-            found[model] = ModelMetadata.decode(value).partitions
+            raw_meta = value if isinstance(value, bytes) else str(value).encode()
+            found[model] = ModelMetadata.decode(raw_meta).partitions
         except ProtocolError:
             found[model] = 1
     if scan:

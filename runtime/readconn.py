@@ -104,7 +104,7 @@ class SlotReadConnection:
                 node = self._cluster.nodes_manager.get_node_from_slot(self.slot)
             except TRANSIENT_CLUSTER_ERRORS as e:  # no node covers the slot (mid-failover)
                 raise as_connection_error(e) from e
-            host, port = node.host, node.port
+            host, port = str(node.host), int(node.port)
         self._client = aioredis.Redis(
             host=host,
             port=port,

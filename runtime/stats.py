@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable
 from dataclasses import replace
+from typing import cast
 
 import redis.asyncio as aioredis
 from redis.commands.core import AsyncScript
@@ -40,6 +41,8 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+_ERRORS: tuple[type[BaseException], ...] = (*RETRYABLE, LagError)
 
 STALE_AFTER_INTERVALS = 3
 """A snapshot older than this many intervals is treated as absent (its publisher is gone)."""
@@ -104,7 +107,7 @@ def decode_snapshot(raw: bytes | None) -> StatsSnapshot | None:
 
 async def read_snapshot(redis: aioredis.Redis, keys: Keys) -> StatsSnapshot | None:
     """The published snapshot, or None (none, or not readable)."""
-    return decode_snapshot(await redis.get(keys.stats))
+    return decode_snapshot(cast(bytes | None, await redis.get(keys.stats)))
 
 
 class StatsRefresher:
@@ -149,7 +152,7 @@ class StatsRefresher:
             try:
                 await self.tick()
                 self._backoff.succeeded()
-            except (*RETRYABLE, LagError) as e:
+            except _ERRORS as e:
                 self.leader = False
                 self._backoff.record(e)
             await asyncio.sleep(self.interval_s)
