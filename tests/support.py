@@ -48,8 +48,12 @@ def write_simulated_model(
     flush_ms: float = 2.0,
     cache: bool = False,
     failure_rate: float = 0.0,
+    executions_dir: Path | None = None,
 ) -> None:
+    """A simulated model (``consumer/backends/simulated.py``): input ``x`` [-1, 4], output
+    ``sum`` [-1, 1], each row's sum. ``executions_dir`` records every row it runs."""
     folder = repo / name
+    record = f"executions_dir = {json.dumps(str(executions_dir))}\n" if executions_dir else ""
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "config.toml").write_text(
         f"""backend = "simulated"
@@ -64,7 +68,7 @@ enabled = {"true" if cache else "false"}
 base_ms = {base_ms}
 per_row_ms = {per_row_ms}
 failure_rate = {failure_rate}
-
+{record}
 [[inputs]]
 name = "x"
 datatype = "FP32"
