@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -94,6 +95,13 @@ def _redis_flags(e: _Env) -> None:
 def _gateway_flags(e: _Env) -> None:
     e.add("--host", env="INFERQ_HOST", default="127.0.0.1", help="address to listen on")
     e.add("--port", env="INFERQ_PORT", type=int, default=8000, help="HTTP port")
+    e.add(
+        "--gateways",
+        env="INFERQ_GATEWAYS",
+        type=positive_int,
+        default=1,
+        help="gateway processes serving the one port (SO_REUSEPORT), each restarted if it exits",
+    )
     e.add(
         "--max-body-bytes",
         env="INFERQ_MAX_BODY_BYTES",
@@ -289,6 +297,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     e = _Env(gw, environ)
     _redis_flags(e)
     _gateway_flags(e)
+    # Internal: a gateway process that `inferq up` or `inferq gateway --gateways N` started
+    # serves the listening socket it inherited instead of binding one.
+    gw.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
 
     wk = sub.add_parser(
         "worker",
@@ -323,6 +334,10 @@ def run_gateway(args: argparse.Namespace) -> int:
     from runtime.logging import configure
 
     configure(args.log_level)
+    if args.gateways > 1 and args.listen_fd is None:
+        from inferq.gateways import run_gateways
+
+        return run_gateways(args)
     settings = GatewaySettings(
         redis=_redis_settings(args),
         namespace=args.namespace,
@@ -340,7 +355,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         admin_load_timeout_s=args.admin_load_timeout_s,
         log_level=args.log_level,
     )
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=args.host,
         port=args.port,
@@ -349,7 +364,13 @@ def run_gateway(args: argparse.Namespace) -> int:
         lifespan="on",
         timeout_graceful_shutdown=10,
     )
-    return EXIT_OK
+    server = uvicorn.Server(config)
+    if args.listen_fd is None:
+        server.run()
+    else:
+        # The family and type are read from the descriptor (IPv4 or IPv6, as it was bound).
+        server.run(sockets=[socket.socket(fileno=args.listen_fd)])
+    return EXIT_OK if server.started else EXIT_FAILED
 
 
 def run_worker(args: argparse.Namespace) -> int:

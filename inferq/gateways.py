@@ -1,0 +1,153 @@
+"""Several gateway processes on one port (``--gateways N``): for ``inferq up``, and for
+``inferq gateway`` on hosts that run it under a process manager.
+
+The supervising process binds one listening socket per gateway slot, all on the same address
+with ``SO_REUSEPORT``, so the kernel spreads new connections evenly over them (one shared socket
+would let whichever process wakes first take a burst of connections). Each gateway process
+inherits its slot's socket (``--listen-fd``) and serves it with uvicorn. The supervisor keeps the
+sockets open for the life of the stack: when a gateway dies, connections queued on its socket are
+not reset but wait for its replacement (about a second), which inherits the same socket; every
+other slot keeps answering meanwhile.
+
+Each gateway process has its own gateway id and so its own reply stream; they share nothing but
+Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+import structlog
+
+from inferq.supervisor import (
+    ChildSpec,
+    EventLog,
+    StopSignals,
+    Supervisor,
+    spawn_inferq,
+    supervise,
+)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+STOP_TIMEOUT_S = 15.0
+"""How long a gateway may take to finish the requests it holds (uvicorn's graceful shutdown is
+10 s) before it is killed."""
+
+
+class ListenError(OSError):
+    """The gateways' address cannot be bound (in use, not local, no permission)."""
+
+
+def bind_listeners(host: str, port: int, n: int, backlog: int = 2048) -> list[socket.socket]:
+    """``n`` listening sockets on ``host:port``; with ``SO_REUSEPORT`` when ``n > 1``. The
+    sockets are inheritable, for the gateway processes."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        raise ListenError(f"cannot listen on {host}:{port}: {e}") from e
+    listeners: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.socket(family, kind, proto)
+            listeners.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if n > 1:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(address)
+            sock.listen(backlog)
+            sock.set_inheritable(True)
+    except OSError as e:
+        for sock in listeners:
+            sock.close()
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    return listeners
+
+
+def gateway_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
+    """``inferq gateway`` arguments carrying every gateway option of ``args`` (the admin token
+    travels in the environment instead: argv is visible to every user of the host)."""
+    return [
+        "gateway",
+        "--redis",
+        redis_url,
+        "--namespace",
+        args.namespace,
+        "--log-level",
+        args.log_level,
+        "--host",
+        args.host,
+        "--port",
+        str(args.port),
+        "--max-body-bytes",
+        str(args.max_body_bytes),
+        "--max-timeout-ms",
+        str(args.max_timeout_ms),
+        "--result-ttl-s",
+        str(args.result_ttl_s),
+        "--max-backlog",
+        str(args.max_backlog),
+        "--job-ttl",
+        str(args.job_ttl),
+        "--job-timeout-s",
+        str(args.job_timeout_s),
+        "--max-job-backlog",
+        str(args.max_job_backlog),
+        "--max-job-wait-s",
+        str(args.max_job_wait_s),
+        "--admin-load-timeout-s",
+        str(args.admin_load_timeout_s),
+    ]
+
+
+def gateway_specs(
+    args: argparse.Namespace, redis_url: str, listeners: list[socket.socket]
+) -> list[ChildSpec]:
+    """One supervised slot per listening socket."""
+    base = gateway_argv(args, redis_url)
+    env = {"INFERQ_ADMIN_TOKEN": args.admin_token} if args.admin_token else {}
+    return [
+        ChildSpec(
+            name=f"gateway {i}",
+            role="gateway",
+            # --gateways 1: the child serves; INFERQ_GATEWAYS in the environment must not make
+            # it a supervisor of its own.
+            argv=(*base, "--gateways", "1", "--listen-fd", str(sock.fileno())),
+            env=env,
+            pass_fds=(sock.fileno(),),
+        )
+        for i, sock in enumerate(listeners)
+    ]
+
+
+def run_gateways(args: argparse.Namespace) -> int:
+    """``inferq gateway --gateways N``: bind, start N gateway processes, keep them running
+    until SIGINT or SIGTERM, then stop them."""
+    try:
+        listeners = bind_listeners(args.host, args.port, args.gateways)
+    except ListenError as e:
+        print(f"inferq gateway: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+    supervisor = Supervisor(
+        gateway_specs(args, args.redis_url, listeners),
+        spawn=spawn_inferq,
+        on_event=EventLog(structlog.get_logger("inferq.gateway")),
+    )
+    signals = StopSignals()
+    try:
+        with signals.installed():
+            supervisor.start()
+            supervise(supervisor, signals.stop)
+            supervisor.stop([("gateway", STOP_TIMEOUT_S)], force=signals.force)
+    finally:
+        supervisor.kill_all()
+        for sock in listeners:
+            sock.close()
+    if supervisor.failure:
+        print(f"inferq gateway: {supervisor.failure}", file=sys.stderr)
+    return EXIT_FAILED if supervisor.failure else EXIT_OK
