@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
+from dataclasses import dataclass
 
 import structlog
 
@@ -29,6 +30,9 @@ from inferq.supervisor import (
     spawn_inferq,
     supervise,
 )
+from producer.settings import GatewaySettings
+from runtime.argtypes import positive_int
+from runtime.options import forward_argv, option
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -68,55 +72,34 @@ def bind_listeners(host: str, port: int, n: int, backlog: int = 2048) -> list[so
     return listeners
 
 
-def gateway_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
-    """``inferq gateway`` arguments carrying every gateway option of ``args`` (the admin token
-    travels in the environment instead: argv is visible to every user of the host)."""
-    return [
-        "gateway",
-        "--redis",
-        redis_url,
-        "--namespace",
-        args.namespace,
-        "--log-level",
-        args.log_level,
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--max-body-bytes",
-        str(args.max_body_bytes),
-        "--max-timeout-ms",
-        str(args.max_timeout_ms),
-        "--result-ttl-s",
-        str(args.result_ttl_s),
-        "--max-backlog",
-        str(args.max_backlog),
-        "--job-ttl",
-        str(args.job_ttl),
-        "--job-timeout-s",
-        str(args.job_timeout_s),
-        "--max-job-backlog",
-        str(args.max_job_backlog),
-        "--max-job-wait-s",
-        str(args.max_job_wait_s),
-        "--admin-load-timeout-s",
-        str(args.admin_load_timeout_s),
-    ]
+@dataclass(frozen=True)
+class FleetSettings:
+    """How many gateway processes serve the port: an option of ``inferq up`` and of
+    ``inferq gateway`` (a supervising process; each gateway it starts serves one socket)."""
+
+    gateways: int = option(
+        1,
+        flag="--gateways",
+        env="INFERQ_GATEWAYS",
+        parse=positive_int,
+        forward=False,
+        help="gateway processes serving the one port (SO_REUSEPORT), each restarted if it exits",
+    )
 
 
 def gateway_specs(
     args: argparse.Namespace, redis_url: str, listeners: list[socket.socket]
 ) -> list[ChildSpec]:
-    """One supervised slot per listening socket."""
-    base = gateway_argv(args, redis_url)
-    env = {"INFERQ_ADMIN_TOKEN": args.admin_token} if args.admin_token else {}
+    """One supervised slot per listening socket. Secrets (the admin token) travel in the
+    environment: the process list shows every user of the host the command line."""
+    argv, env = forward_argv(args, [GatewaySettings], redis=redis_url)
     return [
         ChildSpec(
             name=f"gateway {i}",
             role="gateway",
             # --gateways 1: the child serves; INFERQ_GATEWAYS in the environment must not make
             # it a supervisor of its own.
-            argv=(*base, "--gateways", "1", "--listen-fd", str(sock.fileno())),
+            argv=("gateway", *argv, "--gateways", "1", "--listen-fd", str(sock.fileno())),
             env=env,
             pass_fds=(sock.fileno(),),
         )

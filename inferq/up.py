@@ -23,16 +23,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
+from consumer.settings import WorkerSettings
 from inferq.gateways import ListenError, bind_listeners, gateway_specs
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
 from inferq.supervisor import ChildSpec, EventLog, StopSignals, Supervisor, spawn_inferq, supervise
+from runtime.argtypes import positive_int
 from runtime.connections import redact
 from runtime.logging import configure
+from runtime.options import forward_argv, option
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -42,36 +46,24 @@ GATEWAY_STOP_TIMEOUT_S = 15.0
 log = structlog.get_logger("inferq.up")
 
 
-def _common(args: argparse.Namespace, redis_url: str) -> list[str]:
-    return ["--redis", redis_url, "--namespace", args.namespace, "--log-level", args.log_level]
+@dataclass(frozen=True)
+class UpSettings:
+    """The options of ``inferq up`` itself (it also takes every gateway and worker option, and
+    ``--gateways``)."""
+
+    workers: int = option(
+        1,
+        flag="--workers",
+        env="INFERQ_WORKERS",
+        parse=positive_int,
+        help="worker processes to start, each restarted if it exits",
+    )
 
 
 def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> list[str]:
-    argv = [
-        "worker",
-        *_common(args, redis_url),
-        "--model-repository",
-        str(args.model_repository),
-        "--device",
-        args.device,
-        "--drain-timeout-s",
-        str(args.drain_timeout_s),
-        "--claim-idle-ms",
-        str(args.claim_idle_ms),
-        "--metrics-port",
-        str(args.metrics_port + index if args.metrics_port else 0),
-        "--max-deliveries",
-        str(args.max_deliveries),
-        "--retire-after-s",
-        str(args.retire_after_s),
-    ]
-    if args.models:
-        argv += ["--models", args.models]
-    if args.max_batch:
-        argv += ["--max-batch", str(args.max_batch)]
-    if args.flush_ms is not None:
-        argv += ["--flush-ms", str(args.flush_ms)]
-    return argv
+    port = args.metrics_port + index if args.metrics_port else 0
+    argv, _ = forward_argv(args, [WorkerSettings], redis=redis_url, metrics_port=port)
+    return ["worker", *argv]
 
 
 def _worker_specs(args: argparse.Namespace, redis_url: str) -> list[ChildSpec]:
@@ -80,6 +72,8 @@ def _worker_specs(args: argparse.Namespace, redis_url: str) -> list[ChildSpec]:
         ChildSpec(
             name=f"worker {i}",
             role="worker",
+            # Not forwarded from up's own flags (--worker-id is not for sharing): one name per
+            # slot, kept across restarts, so a replacement runs what its predecessor held.
             argv=(*_worker_argv(args, redis_url, i), "--worker-id", f"{prefix}-{i}"),
         )
         for i in range(args.workers)

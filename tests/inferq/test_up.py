@@ -46,16 +46,29 @@ class Up:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def events(self, name: str, **match: object) -> list[dict[str, Any]]:
-        """Decoded log lines whose event is ``name`` (and whose fields match)."""
-        found = []
+    def log(self) -> list[dict[str, Any]]:
+        """Every JSON log line, in order. Children share the terminal (here a pipe), so a line
+        may hold two records when two threads of one child write at once: both are kept."""
+        records = []
+        decoder = json.JSONDecoder()
         for line in list(self.lines):
-            if not line.startswith("{"):
-                continue
-            doc = json.loads(line)
-            if doc.get("event") == name and all(doc.get(k) == v for k, v in match.items()):
-                found.append(doc)
-        return found
+            pos = line.find("{")
+            while pos != -1:
+                try:
+                    doc, end = decoder.raw_decode(line, pos)
+                except json.JSONDecodeError:
+                    break
+                records.append(doc)
+                pos = line.find("{", end)
+        return records
+
+    def events(self, name: str, **match: object) -> list[dict[str, Any]]:
+        """Log records whose event is ``name`` (and whose fields match)."""
+        return [
+            doc
+            for doc in self.log()
+            if doc.get("event") == name and all(doc.get(k) == v for k, v in match.items())
+        ]
 
     def pid(self, child: str) -> int:
         """The pid of ``child`` (``worker 0``, ``gateway 1``) now."""
@@ -186,10 +199,7 @@ def test_only_sigterm_stops_the_stack_workers_first_then_gateways(up):
     u.wait_ready()
     assert u.stop() == 0
     stopped = [
-        event
-        for line in u.lines
-        if line.startswith("{")
-        and (event := json.loads(line)["event"]) in ("worker stopped", "gateway stopped")
+        doc["event"] for doc in u.log() if doc.get("event") in ("worker stopped", "gateway stopped")
     ]
     assert stopped == ["worker stopped"] * 2 + ["gateway stopped"]
     assert u.lines[-1] == "inferq up: stopped; no restarts"
