@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from inferq.redisserver import free_port
 from tests.support import GatewayThread, Stack, WorkerThread, write_simulated_model
 
 MODELS = {
@@ -60,8 +62,14 @@ class Workers:
     def __init__(self, redis_url: str, namespace: str, repo: Path) -> None:
         self.redis_url, self.namespace, self.repo = redis_url, namespace, repo
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.metrics_ports: dict[int, int] = {}
+        """pid -> metrics port, for workers started with ``metrics=True``."""
 
-    def start(self, model: str, *extra: str) -> subprocess.Popen[bytes]:
+    def start(
+        self, model: str, *extra: str, worker_id: str | None = None, metrics: bool = False
+    ) -> subprocess.Popen[bytes]:
+        port = free_port() if metrics else 0
+        named = ("--worker-id", worker_id) if worker_id else ()
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -81,20 +89,44 @@ class Workers:
                 "--heartbeat-s",
                 "0.5",
                 "--metrics-port",
-                "0",
+                str(port),
+                *named,
                 *extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         self.procs.append(proc)
+        if metrics:
+            self.metrics_ports[proc.pid] = port
         return proc
+
+    def counter(self, name: str, procs: list[subprocess.Popen[bytes]] | None = None) -> float:
+        """A worker metric (e.g. ``inferq_worker_reclaimed_total``) summed over every label set
+        and over ``procs`` (default: every running worker started with ``metrics=True``)."""
+        chosen = procs if procs is not None else self.procs
+        return sum(
+            scrape(self.metrics_ports[p.pid], name)
+            for p in chosen
+            if p.pid in self.metrics_ports and p.poll() is None
+        )
 
     def stop_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def scrape(port: int, name: str) -> float:
+    """The sum of a metric's samples on a Prometheus endpoint (0 when it has none yet)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and line[len(name)] in " {":
+            total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 @pytest.fixture
