@@ -27,6 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import redis
+
+from protocol.keys import GROUP
+from protocol.messages import FIELD, InferRequest
+
 REFUSALS = (429, 503, 504)
 """Answers that tell the caller the service could not take or finish the request in time."""
 
@@ -75,6 +80,24 @@ class Outcome:
     correct: bool = False
     attempts: int = 0
     """Requests sent for this id (more than one when the client retried a 503)."""
+
+
+def held_by(r: redis.Redis, stream: str, consumer: str) -> list[str]:
+    """Request ids of the entries ``consumer`` has read and not acknowledged: what a worker
+    holds (and what must be reclaimed if it dies)."""
+    pending = r.xpending_range(stream, GROUP, "-", "+", 100_000, consumername=consumer)
+    ids = []
+    for p in pending:
+        entries = r.xrange(stream, p["message_id"], p["message_id"])
+        if entries:
+            request = InferRequest.decode(entries[0][1][FIELD])
+            ids.append(request.client_id or request.id)
+    return ids
+
+
+def pending(r: redis.Redis, stream: str) -> int:
+    """Entries of ``stream`` read by a worker and not acknowledged yet."""
+    return int(r.xpending(stream, GROUP)["pending"])
 
 
 class Tally:

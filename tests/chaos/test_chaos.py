@@ -23,8 +23,7 @@ import redis
 
 from loadgen.http import HTTPClientError, HTTPConnection
 from protocol.keys import GROUP, Keys, Lane
-from protocol.messages import FIELD, InferRequest
-from tests.chaos.accounting import Tally, request_body
+from tests.chaos.accounting import Tally, held_by, pending, request_body
 from tests.chaos.conftest import live_workers
 from tests.chaos.traffic import send
 from tests.support import Stack, wait_until
@@ -35,22 +34,6 @@ TOTAL = 2_000
 def _say(capsys: pytest.CaptureFixture[str], line: str) -> None:
     with capsys.disabled():
         print("\n" + line)
-
-
-def held_by(r: redis.Redis, stream: str, consumer: str) -> list[str]:
-    """Request ids of the entries ``consumer`` has read and not acknowledged."""
-    pending = r.xpending_range(stream, GROUP, "-", "+", 100_000, consumername=consumer)
-    ids = []
-    for p in pending:
-        entries = r.xrange(stream, p["message_id"], p["message_id"])
-        if entries:
-            request = InferRequest.decode(entries[0][1][FIELD])
-            ids.append(request.client_id or request.id)
-    return ids
-
-
-def pending(r: redis.Redis, stream: str) -> int:
-    return int(r.xpending(stream, GROUP)["pending"])
 
 
 def test_sigkill_of_a_worker_during_inference_loses_nothing(

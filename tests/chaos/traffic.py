@@ -25,16 +25,20 @@ async def send(
     retry_503_s: float = 0.0,
     first: int = 0,
     **parameters: object,
-) -> None:
+) -> int:
     """Send requests ``first..first+n-1`` to ``model``'s ``/infer`` over ``concurrency``
     keep-alive connections. A client that retries a 503 for ``retry_503_s`` (as a well-behaved
-    one does while Redis is down) sends the same id again; its last answer counts."""
+    one does while Redis is down) sends the same id again; its last answer counts.
+
+    Returns how often a connection was reopened: the client reopens a connection the server
+    closed and resends, once, a request that got no byte of an answer (a gateway killed with
+    the request in flight), as HTTP clients do."""
     host, port = url.removeprefix("http://").split(":")
     ids = iter(range(first, first + n))
     path = f"/v2/models/{model}/infer"
     headers = {"content-type": "application/json"}
 
-    async def lane() -> None:
+    async def lane() -> int:
         conn = HTTPConnection(host, int(port), timeout=CLIENT_TIMEOUT_S)
         try:
             for i in ids:
@@ -56,5 +60,6 @@ async def send(
                     on_progress(tally)
         finally:
             await conn.aclose()
+        return max(0, conn.connects - 1)
 
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
+    return sum(await asyncio.gather(*(lane() for _ in range(concurrency))))

@@ -7,14 +7,11 @@ simulated model ``sim``, and reads the JSON log lines ``inferq up`` writes about
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -23,116 +20,15 @@ import redis
 from inferq.redisserver import free_port
 from protocol.keys import Keys
 from tests.support import sim_body, wait_until
+from tests.upstack import UpProcess, up_processes
 
 pytestmark = pytest.mark.timeout(180)
 
 
-class Up:
-    """A running ``inferq up``; every line it prints is kept, JSON log lines decoded."""
-
-    def __init__(self, proc: subprocess.Popen[str], port: int, namespace: str) -> None:
-        self.proc, self.port, self.namespace = proc, port, namespace
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.proc.stdout:
-            for line in self.proc.stdout:
-                self.lines.append(line.rstrip("\n"))
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> list[dict[str, Any]]:
-        """Every JSON log line, in order. Children share the terminal (here a pipe), so a line
-        may hold two records when two threads of one child write at once: both are kept."""
-        records = []
-        decoder = json.JSONDecoder()
-        for line in list(self.lines):
-            pos = line.find("{")
-            while pos != -1:
-                try:
-                    doc, end = decoder.raw_decode(line, pos)
-                except json.JSONDecodeError:
-                    break
-                records.append(doc)
-                pos = line.find("{", end)
-        return records
-
-    def events(self, name: str, **match: object) -> list[dict[str, Any]]:
-        """Log records whose event is ``name`` (and whose fields match)."""
-        return [
-            doc
-            for doc in self.log()
-            if doc.get("event") == name and all(doc.get(k) == v for k, v in match.items())
-        ]
-
-    def pid(self, child: str) -> int:
-        """The pid of ``child`` (``worker 0``, ``gateway 1``) now."""
-        started = self.events("child started", child=child) + self.events(
-            "child restarted", child=child
-        )
-        return int(started[-1]["pid"])
-
-    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-        wait_until(condition, timeout_s, f"{what}; inferq up printed:\n" + "\n".join(self.lines))
-
-    def wait_ready(self) -> None:
-        self.wait_for(lambda: any(x.startswith("inferq is serving") for x in self.lines), "ready")
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        code = self.proc.wait(60)
-        self._reader.join(10)
-        return code
-
-
 @pytest.fixture
-def up(redis_url: str, namespace: str, model_repo: Path) -> Iterator[Callable[..., Up]]:
-    started: list[Up] = []
-
-    def start(*extra: str) -> Up:
-        port = free_port()
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "inferq",
-                "up",
-                "--redis",
-                redis_url,
-                "--namespace",
-                namespace,
-                "--port",
-                str(port),
-                "--model-repository",
-                str(model_repo),
-                "--models",
-                "sim",
-                "--metrics-port",
-                "0",
-                "--log-level",
-                "info",
-                *extra,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        u = Up(proc, port, namespace)
-        started.append(u)
-        return u
-
-    yield start
-    for u in started:
-        if u.proc.poll() is None:
-            u.proc.kill()
-            u.proc.wait()
-        u._reader.join(10)
+def up(redis_url: str, namespace: str, model_repo: Path) -> Iterator[Callable[..., UpProcess]]:
+    with up_processes(redis_url, namespace, model_repo, "--models", "sim") as start:
+        yield start
 
 
 def _children(pid: int) -> list[int]:
@@ -226,7 +122,7 @@ def test_two_gateways_serve_one_port_and_a_killed_one_leaves_it_answering(up, re
 def test_a_worker_that_cannot_start_stops_the_stack_with_the_reason(up):
     u = up("--workers", "1", "--models", "nope")
     assert u.proc.wait(60) == 1
-    u._reader.join(10)
+    u.join()
     assert any("worker 0 exit code 2" in line and "not restarting" in line for line in u.lines)
     assert u.events("child not restarted", child="worker 0")
 
@@ -239,7 +135,7 @@ def test_a_port_in_use_is_reported_before_anything_starts(up):
         taken.listen()
         u = up("--port", str(taken.getsockname()[1]))
         assert u.proc.wait(60) == 1
-    u._reader.join(10)
+    u.join()
     assert any("cannot listen on 127.0.0.1" in line for line in u.lines)
     assert u.events("child started") == []
 
