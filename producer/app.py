@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import runtime
+from producer import openapi as api
 from producer.errors import (
     BadRequest,
     GatewayError,
@@ -31,6 +32,7 @@ from producer.gateway import Gateway
 from producer.instrument import RequestMetrics
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
+from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response
@@ -346,23 +348,54 @@ async def internal_error(request: Request, exc: Exception) -> Response:
 
 
 def routes() -> list[Route]:
+    """The HTTP surface, each path once: Starlette routes it, :mod:`producer.instrument` labels
+    its metrics by the route's name, and :func:`producer.openapi.document` describes it from the
+    route's :class:`~producer.openapi.Operation`."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
+    per_model: list[Route] = []
+    for base in (model, versioned):
+        per_model += [
+            ApiRoute(base, model_metadata, api.MODEL_METADATA, name="model_metadata"),
+            ApiRoute(base + "/ready", model_ready, api.MODEL_READY, name="model_ready"),
+            ApiRoute(base + "/infer", infer, api.INFER, name="infer", methods=["POST"]),
+            ApiRoute(
+                base + "/jobs", submit_job, api.SUBMIT_JOB, name="job_submit", methods=["POST"]
+            ),
+        ]
+    repository = "/v2/repository"
     return [
-        Route("/v2/health/live", live),
-        Route("/v2/health/ready", ready),
-        Route("/v2", server_metadata),
-        Route("/openapi.json", openapi),
-        Route("/metrics", metrics),
-        *(Route(base, model_metadata) for base in (model, versioned)),
-        *(Route(base + "/ready", model_ready) for base in (model, versioned)),
-        *(Route(base + "/infer", infer, methods=["POST"]) for base in (model, versioned)),
-        *(Route(base + "/jobs", submit_job, methods=["POST"]) for base in (model, versioned)),
-        Route("/v2/jobs/{job}", get_job, methods=["GET"]),
-        Route("/v2/jobs/{job}", cancel_job, methods=["DELETE"]),
-        Route("/v2/repository/index", repository_index, methods=["POST"]),
-        Route("/v2/repository/models/{model}/load", repository_load, methods=["POST"]),
-        Route("/v2/repository/models/{model}/unload", repository_unload, methods=["POST"]),
+        ApiRoute("/v2/health/live", live, api.LIVENESS, name="health_live"),
+        ApiRoute("/v2/health/ready", ready, api.READINESS, name="health_ready"),
+        ApiRoute("/v2", server_metadata, api.SERVER_METADATA, name="server_metadata"),
+        Route("/openapi.json", openapi, name="openapi"),
+        Route("/metrics", metrics, name="metrics"),
+        *per_model,
+        ApiRoute("/v2/jobs/{job}", get_job, api.JOB_STATUS, name="job_status", methods=["GET"]),
+        ApiRoute(
+            "/v2/jobs/{job}", cancel_job, api.JOB_CANCEL, name="job_cancel", methods=["DELETE"]
+        ),
+        ApiRoute(
+            repository + "/index",
+            repository_index,
+            api.REPOSITORY_INDEX,
+            name="repository_index",
+            methods=["POST"],
+        ),
+        ApiRoute(
+            repository + "/models/{model}/load",
+            repository_load,
+            api.REPOSITORY_LOAD,
+            name="repository_load",
+            methods=["POST"],
+        ),
+        ApiRoute(
+            repository + "/models/{model}/unload",
+            repository_unload,
+            api.REPOSITORY_UNLOAD,
+            name="repository_unload",
+            methods=["POST"],
+        ),
     ]
 
 
@@ -377,10 +410,11 @@ def create_app(settings: GatewaySettings) -> Starlette:
         finally:
             await gateway.stop()
 
+    table = routes()
     app = Starlette(
-        routes=routes(),
+        routes=table,
         lifespan=lifespan,
-        middleware=[Middleware(RequestMetrics, gateway=gateway)],
+        middleware=[Middleware(RequestMetrics, gateway=gateway, routes=table)],
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,
@@ -388,5 +422,5 @@ def create_app(settings: GatewaySettings) -> Starlette:
         },
     )
     app.state.gateway = gateway
-    app.state.openapi = openapi_document()
+    app.state.openapi = openapi_document(table)
     return app

@@ -1,55 +1,51 @@
 """ASGI middleware that counts and times every HTTP request, errors included.
 
 Exception handlers turn errors into responses below this layer, so one place sees every status.
+The endpoint label is the name of the route Starlette matched (the route table in
+:mod:`producer.app` is the only place a path is written).
 Model and version labels are set only for models the registry knows: a label never carries a
 name a client made up (which would let anyone grow the metric's series without bound).
 """
 
 from __future__ import annotations
 
-import re
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from producer.metrics import ENDPOINTS
 from producer.routing import ROUTED_VERSION
 
 if TYPE_CHECKING:
     from producer.gateway import Gateway
 
-_MODEL_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer|/jobs)?$")
-_FIXED = {
-    "/v2/health/live": "health_live",
-    "/v2/health/ready": "health_ready",
-    "/v2": "server_metadata",
-    "/metrics": "metrics",
-    "/openapi.json": "openapi",
-}
-_MODEL_ENDPOINTS = {
-    None: "model_metadata",
-    "/ready": "model_ready",
-    "/infer": "infer",
-    "/jobs": "job_submit",
-}
+
+def endpoint_names(routes: Iterable[BaseRoute]) -> dict[Callable[..., Any], str]:
+    """Each route's endpoint function to the route's name: the ``endpoint`` label."""
+    return {route.endpoint: route.name for route in routes if isinstance(route, Route)}
 
 
-def classify(path: str, method: str) -> tuple[str, str | None, str | None]:
-    """(endpoint, model, version) as named in the path, before any check that they exist."""
-    if path in _FIXED:
-        return _FIXED[path], None, None
-    if path.startswith("/v2/jobs/"):
-        return ("job_cancel" if method == "DELETE" else "job_status"), None, None
-    m = _MODEL_PATH.match(path)
-    if m is None:
+def classify(
+    scope: Scope, names: dict[Callable[..., Any], str]
+) -> tuple[str, str | None, str | None]:
+    """(endpoint, model, version) of a request Starlette has routed, as named in its path and
+    before any check that they exist: the router leaves the matched route's ``endpoint`` and
+    ``path_params`` in the scope (for a wrong method too), nothing when no path matched."""
+    endpoint = names.get(scope.get("endpoint"), "other")  # type: ignore[arg-type]
+    if endpoint not in ENDPOINTS:
         return "other", None, None
-    return _MODEL_ENDPOINTS[m.group(3)], m.group(1), m.group(2)
+    params = scope.get("path_params", {})
+    return endpoint, params.get("model"), params.get("version")
 
 
 class RequestMetrics:
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+    def __init__(self, app: ASGIApp, gateway: Gateway, routes: Iterable[BaseRoute]) -> None:
         self.app = app
         self.gateway = gateway
+        self.names = endpoint_names(routes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,7 +68,7 @@ class RequestMetrics:
             ROUTED_VERSION.reset(routed)
 
     def _observe(self, scope: Scope, status: int, seconds: float, routed: str | None) -> None:
-        endpoint, model, version = classify(scope["path"], scope["method"])
+        endpoint, model, version = classify(scope, self.names)
         entry = self.gateway.registry.models.get(model) if model else None
         if entry is None:
             model = version = None
