@@ -108,6 +108,8 @@ class Tally:
         self.executions: Counter[str] = Counter()
         self.completed = 0
         """Answers received so far, of any kind (drives a scenario's "after N answers")."""
+        self.reasons: dict[int, str] = {}
+        """The first error message seen per status other than 200 (for failure messages)."""
 
     # -- recording ---------------------------------------------------------------------------
 
@@ -120,6 +122,8 @@ class Tally:
         outcome = self.outcomes.setdefault(request_id(i), Outcome(attempts=1))
         outcome.status = status
         outcome.correct = status == 200 and body is not None and is_correct(i, body)
+        if status != 200 and status not in self.reasons:
+            self.reasons[status] = str((body or {}).get("error", ""))
         self.completed += 1
 
     def no_answer(self, i: int) -> None:

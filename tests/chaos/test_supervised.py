@@ -96,7 +96,7 @@ def test_a_killed_worker_and_a_killed_gateway_under_load_are_replaced_and_all_an
     assert restarts == {"worker 0": 1, "gateway 0": 1}
     assert "inferq up: stopped; 2 restart(s) (worker 0: 1, gateway 0: 1)" in u.lines
     assert tally.lost == 0 and tally.sent == TOTAL
-    assert tally.correct + sum(tally.refused.values()) == TOTAL and not tally.other
+    assert tally.correct + sum(tally.refused.values()) == TOTAL and not tally.other, tally.reasons
     # The replacement worker (same consumer name) ran what the killed one held.
     assert len(held) >= 1 and held_ok == len(held)
     # Only what the killed worker held, or what a killed gateway had queued when its client

@@ -6,12 +6,22 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
-from loadgen.http import HTTPClientError, HTTPConnection
+from loadgen.http import HTTPClientError, HTTPConnection, Response
 from tests.chaos.accounting import Tally, request_body
 
 CLIENT_TIMEOUT_S = 60.0
 """Longer than any deadline a scenario sets: a request still unanswered then is lost."""
+
+
+def _body(response: Response) -> dict[str, Any] | None:
+    """The decoded JSON body (a V2 answer or an error), None if it is not JSON."""
+    try:
+        doc = response.json()
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
 
 
 async def send(
@@ -54,7 +64,7 @@ async def send(
                     if r.status == 503 and time.monotonic() < give_up:
                         await asyncio.sleep(0.1)
                         continue
-                    tally.answer(i, r.status, r.json() if r.status == 200 else None)
+                    tally.answer(i, r.status, _body(r))
                     break
                 if on_progress is not None:
                     on_progress(tally)
