@@ -22,6 +22,7 @@ from consumer.settings import WorkerSettings
 from inferq.gateways import FleetSettings
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
+from runtime.loops import EXIT_LOOP_FAILED
 from runtime.options import add_flags, from_args
 
 EXIT_OK = 0
@@ -84,6 +85,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from producer.app import create_app
+    from producer.server import server_config
     from producer.settings import GatewaySettings
     from runtime.logging import configure
 
@@ -93,27 +95,32 @@ def run_gateway(args: argparse.Namespace) -> int:
 
         return run_gateways(args)
     settings: GatewaySettings = from_args(GatewaySettings, args)
-    config = uvicorn.Config(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
-    server = uvicorn.Server(config)
+    app = create_app(settings)
+    server = uvicorn.Server(server_config(app, settings))
+    gateway = app.state.gateway
+
+    def stop_server() -> None:
+        server.should_exit = True
+
+    gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
     if args.listen_fd is None:
         server.run()
     else:
-        # The family and type are read from the descriptor (IPv4 or IPv6, as it was bound).
+        # A socket inherited from `inferq up` or `inferq gateway --gateways N`; its family and
+        # type are read from the descriptor (IPv4 or IPv6, as it was bound).
         server.run(sockets=[socket.socket(fileno=args.listen_fd)])
+    if gateway.failure is not None:
+        print(
+            f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
+            file=sys.stderr,
+        )
+        return EXIT_LOOP_FAILED
     return EXIT_OK if server.started else EXIT_FAILED
 
 
 def run_worker(args: argparse.Namespace) -> int:
     from consumer.repository import RepositoryError
-    from consumer.worker import MetricsPortError, Worker
+    from consumer.worker import LoopCrashed, MetricsPortError, Worker
     from runtime.logging import configure
 
     configure(args.log_level)
@@ -140,6 +147,9 @@ def run_worker(args: argparse.Namespace) -> int:
     except (RepositoryError, MetricsPortError) as e:
         print(f"inferq worker: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except LoopCrashed as e:
+        print(f"inferq worker: {e}; exiting so that a supervisor restarts it", file=sys.stderr)
+        return EXIT_LOOP_FAILED
     return EXIT_OK
 
 

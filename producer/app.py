@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 import random
 import re
@@ -18,6 +20,7 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive
 
 import runtime
 from producer import openapi as api
@@ -25,10 +28,12 @@ from producer.errors import (
     BadRequest,
     GatewayError,
     PayloadTooLarge,
+    RequestTimeout,
     Unauthorized,
     UnsupportedMediaType,
 )
 from producer.gateway import Gateway
+from producer.inflight import BodyHold
 from producer.instrument import RequestMetrics
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
@@ -61,19 +66,49 @@ def _traceparent(request: Request) -> str:
     return f"00-{_trace_ids.getrandbits(128):032x}-{_trace_ids.getrandbits(64):016x}-01"
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+def _digits(raw: str | None) -> int | None:
+    """A header's non-negative integer value; None unless it is plain ASCII digits. Over 18
+    digits (more than any body) reads as the largest int64, never as a 4,300-digit int()."""
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    return int(raw) if len(raw) <= 18 else 2**63 - 1
+
+
+async def _read_body(
+    request: Request,
+    limit: int,
+    *,
+    hold: BodyHold | None = None,
+    timeout_s: float | None = None,
+) -> bytes:
+    """The whole body, decompressed: 413 past ``limit``; with a ``hold``, its bytes are held
+    against the gateway's in-flight cap as they arrive (429 before reading the rest); 408 when
+    it has not arrived within ``timeout_s``."""
+    declared = _digits(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(
             f"request body of {declared} bytes exceeds the limit of {limit} bytes"
         )
+    if hold is not None and declared is not None:
+        hold.grow_to(declared)
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+                if hold is not None:
+                    hold.grow_to(size)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s (received {size} bytes)"
+        ) from None
     body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
@@ -90,6 +125,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
         raise BadRequest(f"request body is not valid {encoding} data: {e}") from None
     if len(plain) > limit or inflater.unconsumed_tail:
         raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+    if hold is not None:
+        hold.grow_to(len(plain))
     return plain
 
 
@@ -114,9 +151,10 @@ def _header_length(request: Request) -> int | None:
             f"Content-Type '{content_type}' is not supported with the binary tensor extension; "
             "use application/octet-stream"
         )
-    if not raw.strip().isdigit():
+    length = _digits(raw)
+    if length is None:
         raise BadRequest("Inference-Header-Content-Length must be a non-negative integer")
-    return int(raw)
+    return length
 
 
 def _no_cache(request: Request) -> bool:
@@ -129,8 +167,10 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    ok = await _gateway(request).ready()
-    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+    ok, problems = await _gateway(request).ready()
+    if ok:
+        return JSONResponse({"ready": True})
+    return JSONResponse({"ready": False, "problems": problems}, status_code=503)
 
 
 async def server_metadata(request: Request) -> Response:
@@ -189,11 +229,21 @@ class _InferenceCall:
     traceparent: str
 
 
-async def _inference_call(request: Request) -> _InferenceCall:
+async def _inference_call(request: Request, hold: BodyHold) -> _InferenceCall:
     p = request.path_params
     header_length = _header_length(request)  # before reading: a bad Content-Type is 415 at once
-    raw = await _read_body(request, _gateway(request).settings.max_body_bytes)
+    settings = _gateway(request).settings
+    raw = await _read_body(
+        request, settings.max_body_bytes, hold=hold, timeout_s=settings.body_timeout_s
+    )
     return _InferenceCall(p["model"], p.get("version"), raw, header_length, _traceparent(request))
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns once the client has hung up. Only once the body is read: uvicorn's ``receive``
+    then blocks until the connection is lost (or the response is complete)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _binary_or_json(
@@ -207,24 +257,27 @@ def _binary_or_json(
 
 
 async def infer(request: Request) -> Response:
-    call = await _inference_call(request)
-    outcome = await _gateway(request).service.infer(
-        call.model,
-        call.version,
-        call.body,
-        call.header_length,
-        no_cache=_no_cache(request),
-        traceparent=call.traceparent,
-    )
-    result = outcome.result
-    body, json_length = encode_infer_response(
-        client_id=outcome.body.client_id,
-        model_name=result.model,
-        model_version=result.version,
-        outputs=result.outputs,
-        binary_outputs=outcome.body.binary_outputs,
-        binary_all=outcome.body.binary_all,
-    )
+    service = _gateway(request).service
+    with service.hold_body() as hold:
+        call = await _inference_call(request, hold)
+        outcome = await service.infer(
+            call.model,
+            call.version,
+            call.body,
+            call.header_length,
+            no_cache=_no_cache(request),
+            traceparent=call.traceparent,
+            disconnected=functools.partial(_disconnect, request.receive),
+        )
+        result = outcome.result
+        body, json_length = encode_infer_response(
+            client_id=outcome.body.client_id,
+            model_name=result.model,
+            model_version=result.version,
+            outputs=result.outputs,
+            binary_outputs=outcome.body.binary_outputs,
+            binary_all=outcome.body.binary_all,
+        )
     headers = {
         "traceparent": call.traceparent,
         "x-inferq-cache": "hit" if outcome.cached else "miss",
@@ -240,15 +293,17 @@ def _job_response(
 
 
 async def submit_job(request: Request) -> Response:
-    call = await _inference_call(request)
-    submitted = await _gateway(request).jobs.submit(
-        call.model,
-        call.version,
-        call.body,
-        call.header_length,
-        idempotency_key=request.headers.get("idempotency-key"),
-        traceparent=call.traceparent,
-    )
+    gateway = _gateway(request)
+    with gateway.service.hold_body() as hold:
+        call = await _inference_call(request, hold)
+        submitted = await gateway.jobs.submit(
+            call.model,
+            call.version,
+            call.body,
+            call.header_length,
+            idempotency_key=request.headers.get("idempotency-key"),
+            traceparent=call.traceparent,
+        )
     record = submitted.record
     headers = {"location": f"/v2/jobs/{record.id}", "traceparent": call.traceparent}
     if submitted.replayed:
@@ -279,7 +334,9 @@ ADMIN_BODY_LIMIT = 64 * 1024
 async def _admin_body(request: Request) -> dict[str, Any]:
     """The JSON object of a model-control call (an empty body is ``{}``), after the token."""
     _gateway(request).admin.authorize(request.headers.get("authorization"))
-    raw = await _read_body(request, ADMIN_BODY_LIMIT)
+    raw = await _read_body(
+        request, ADMIN_BODY_LIMIT, timeout_s=_gateway(request).settings.body_timeout_s
+    )
     if not raw.strip():
         return {}
     try:
@@ -326,6 +383,8 @@ async def gateway_error(request: Request, exc: Exception) -> Response:
         headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, Unauthorized):
         headers["www-authenticate"] = 'Bearer realm="inferq"'  # RFC 6750
+    if isinstance(exc, RequestTimeout):
+        headers["connection"] = "close"  # the rest of the body may still be on its way
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
 

@@ -29,12 +29,16 @@ ERROR_REASONS = {
     401: "no admin token sent (model-control API)",
     403: "wrong admin token, or the model-control API is disabled",
     404: "unknown model, version, job or endpoint",
+    408: "the request's headers or body did not arrive in time; the connection is closed",
     409: "the job has already started or finished; or another load of the model is running",
-    413: "request body too large",
+    410: "the job was accepted within its retention, but Redis lost its record (submit it again)",
+    413: "request body too large (or larger than the gateway admits in flight)",
     415: "unsupported Content-Type or Content-Encoding",
-    429: "overloaded or backlog full; see Retry-After",
+    422: "the Idempotency-Key was already used for this model with a different request",
+    429: "overloaded, backlog full, or too many bytes in flight; see Retry-After",
     500: "the model failed",
-    503: "no live worker, Redis unreachable, or the model's breaker is open; see Retry-After",
+    503: "no live worker, Redis unreachable or refusing writes, Redis lost the request, or the "
+    "model's breaker is open; see Retry-After",
     504: "the request's deadline passed",
 }
 
@@ -201,13 +205,13 @@ class ApiRoute(Route):
 INFER = Operation(
     "Inference (JSON, or the binary tensor extension)",
     {200: Reply("outputs", "InferResponse")},
-    errors=(400, 404, 413, 415, 429, 500, 503, 504),
+    errors=(400, 404, 408, 413, 415, 429, 500, 503, 504),
     body="InferRequest",
 )
 SUBMIT_JOB = Operation(
     "Submit an async job",
     {202: Reply("queued", "Job")},
-    errors=(400, 404, 413, 415, 429, 503),
+    errors=(400, 404, 408, 413, 415, 422, 429, 503),
     body="InferRequest",
     headers={"Idempotency-Key": {"type": "string"}},
 )
@@ -223,13 +227,13 @@ SERVER_METADATA = Operation("Server metadata", {200: Reply("name, version and ex
 JOB_STATUS = Operation(
     "A job, long-polled with ?wait=",
     {200: Reply("the job", "Job")},
-    errors=(400, 404, 503),
+    errors=(400, 404, 410, 503),
     query={"wait": {"type": "number", "minimum": 0, "maximum": 1}},
 )
 JOB_CANCEL = Operation(
     "Cancel a job that has not started",
     {200: Reply("the cancelled job", "Job")},
-    errors=(404, 409, 503),
+    errors=(404, 409, 410, 503),
 )
 REPOSITORY_INDEX = Operation(
     "Every model version and its state (Triton's repository index)",

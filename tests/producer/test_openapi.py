@@ -71,6 +71,7 @@ def test_admin_routes_need_the_token_and_inference_takes_a_v2_body() -> None:
         "200",
         "400",
         "404",
+        "408",
         "413",
         "415",
         "429",
