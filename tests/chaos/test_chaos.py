@@ -607,6 +607,6 @@ def test_a_rolling_restart_of_every_worker_under_load_runs_everything_exactly_on
         stream = keys.stream("chaos", Lane.NORMAL)
         wait_until(lambda: pending(r, stream) == 0, 30, "nothing pending")
     tally.count_executions(chaos_repo.runs("chaos"))
-    _say(capsys, tally.line("13 rolling restart", workers_replaced=len(restarted)))
+    _say(capsys, tally.line("16 rolling restart", workers_replaced=len(restarted)))
     assert tally.correct == tally.sent == 3_000 and tally.lost == 0, tally.reasons
     assert sorted(set(tally.executions.values())) == [1] and len(tally.executions) == 3_000

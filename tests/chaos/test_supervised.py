@@ -85,7 +85,7 @@ def test_a_killed_worker_and_a_killed_gateway_under_load_are_replaced_and_all_an
         print(
             "\n"
             + tally.line(
-                "14 supervised restarts",
+                "17 supervised restarts",
                 held_by_killed_worker=len(held),
                 held_answered_correctly=held_ok,
                 client_resends=resent,
