@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from consumer.settings import WorkerSettings
+from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
 from inferq.gateways import ListenError, bind_listeners, gateway_specs
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
 from inferq.supervisor import ChildSpec, EventLog, StopSignals, Supervisor, spawn_inferq, supervise
@@ -41,7 +42,6 @@ from runtime.options import forward_argv, option
 EXIT_OK = 0
 EXIT_FAILED = 1
 READY_TIMEOUT_S = 60.0
-GATEWAY_STOP_TIMEOUT_S = 15.0
 
 log = structlog.get_logger("inferq.up")
 
