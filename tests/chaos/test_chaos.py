@@ -63,7 +63,10 @@ def test_sigkill_of_a_worker_during_inference_loses_nothing(
         procs[0].send_signal(signal.SIGKILL)
         procs[0].wait()
         killed.append(t.completed)
-        held.extend(now_held)
+        # Read again once it is dead: a blocked read it sent before the stop may have been
+        # handed entries since (Redis serves it whether or not the process runs).
+        with redis.Redis.from_url(redis_url) as r:
+            held.extend(held_by(r, stream, "w0"))
 
     asyncio.run(send(gateway.url, "chaos", TOTAL, 64, tally, on_progress=kill_while_holding))
     with redis.Redis.from_url(redis_url) as r:
@@ -163,10 +166,17 @@ def test_a_stopped_then_resumed_worker_has_its_entries_taken_over(
         )
         await asyncio.to_thread(wait_until, lambda: bool(held), 30, "a stop while holding")
         with redis.Redis.from_url(redis_url) as r:
+
+            def taken_over() -> bool:
+                # A blocked read it sent before the stop can still be handed entries: count
+                # every entry it ever held (each stays 500 ms before it can be taken over,
+                # far longer than a poll).
+                now = held_by(r, stream, "w0")
+                held.extend(i for i in now if i not in held)
+                return not now
+
             # Held past its 500 ms lease until the other worker has taken every entry over.
-            await asyncio.to_thread(
-                wait_until, lambda: held_by(r, stream, "w0") == [], 30, "the entries taken over"
-            )
+            await asyncio.to_thread(wait_until, taken_over, 30, "the entries taken over")
         procs[0].send_signal(signal.SIGCONT)
         await task
 

@@ -35,6 +35,14 @@ def up(redis_url: str, namespace: str, chaos_repo: ChaosRepo) -> Iterator[Callab
         yield start
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def _consumer_of(r: redis.Redis, stream: str, slot: int) -> str:
     """The consumer name of ``inferq up``'s worker ``slot`` (it ends in ``-{slot}``)."""
     names = [c["name"].decode() for c in r.xinfo_consumers(stream, GROUP)]
@@ -64,7 +72,10 @@ def test_a_killed_worker_and_a_killed_gateway_under_load_are_replaced_and_all_an
                 os.kill(pid, signal.SIGCONT)
                 return
             os.kill(pid, signal.SIGKILL)
-            held.extend(now_held)
+            # Read again once it is gone (a blocked read it sent before the stop may have been
+            # handed entries since); its replacement takes a second or more to start reading.
+            wait_until(lambda: not _alive(pid), 10, "the worker gone")
+            held.extend(held_by(r, stream, worker0))
             kills["worker"] = time.monotonic()
         elif "worker" in kills and "gateway" not in kills and t.completed >= TOTAL // 2:
             os.kill(u.pid("gateway 0"), signal.SIGKILL)
