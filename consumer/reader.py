@@ -15,6 +15,7 @@ after which the reader pages through its own pending list again in case a read's
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -82,6 +83,9 @@ class Reader:
         self._missing = False
         self.draining = False
         """Set on shutdown: take nothing more."""
+        self._finishing = False
+        self._read_done = asyncio.Event()
+        self._read_done.set()
 
     # -- groups ------------------------------------------------------------------------------
 
@@ -126,15 +130,36 @@ class Reader:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            self._read_done.clear()
             try:
-                reply = await self._read(streams, count, block)
-            except RETRYABLE as e:
-                await self._read_failed(e)
-                continue
+                try:
+                    reply = await self._read(streams, count, block)
+                except RETRYABLE as e:
+                    await self._read_failed(e)
+                    continue
+                finally:
+                    self._blocking_on = None
+                self._backoff.succeeded()
+                self._deliver(reply or [], streams, count)
             finally:
-                self._blocking_on = None
-            self._backoff.succeeded()
-            self._deliver(reply or [], streams, count)
+                self._read_done.set()
+
+    async def finish(self, timeout_s: float) -> None:
+        """Stop reading without dropping a read in flight. Redis serves a blocked XREADGROUP
+        the moment an entry arrives, so entries may already be this consumer's when the worker
+        decides to stop: cancelling the read would leave them for another worker's
+        ``claim_idle_ms`` and their callers to their deadlines. So a blocked read is woken
+        (``CLIENT UNBLOCK``) and what it returns is queued like any read; then no read starts
+        again (the reader waits to be cancelled)."""
+        self._finishing = True
+        self.draining = True
+        self._wake.set()
+        deadline = time.monotonic() + timeout_s
+        while not self._read_done.is_set() and time.monotonic() < deadline:
+            if self._blocking_on is not None and self._client_id is not None:
+                await self._unblock(self._client_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._read_done.wait(), 0.05)
 
     async def _read(self, streams: dict[str, str], count: int, block: bool) -> Any:
         if self._missing:
@@ -179,6 +204,8 @@ class Reader:
     def _wanted(self) -> tuple[dict[str, str], int, bool]:
         """Streams to read (with ids), entries per stream, and whether to block."""
         streams: dict[str, str] = {}
+        if self._finishing:
+            return streams, 0, False
         count = 0
         prompt = False
         for slot in self._slots.values():

@@ -317,6 +317,9 @@ class Worker:
         """Stop reading, finish queued and running batches (up to the drain timeout), publish
         their results, withdraw, close."""
         log.info("worker stopping", worker=self.id)
+        if self._reader is not None:
+            # A blocking read in flight may already have been handed entries: take them.
+            await self._reader.finish(self.settings.block_ms / 1000 + 1.0)
         await self.loops.cancel(["reader"])
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drain(), self.settings.drain_timeout_s)
