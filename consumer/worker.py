@@ -47,6 +47,7 @@ from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status, Timings
 from protocol.registry import WorkerInfo
+from runtime import tracing
 from runtime.aio import cancelling
 from runtime.connections import RedisClock, blocking_client, command_client, redact
 
@@ -145,6 +146,7 @@ class Worker:
         self.keys = Keys(settings.namespace)
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics()
+        self.tracer = tracing.current()
         self._metrics_server: MetricsServer | None = None
         self.clock = RedisClock()
         self.slots: dict[str, ModelSlot] = {}
@@ -260,6 +262,7 @@ class Worker:
             job_events=self.keys.job_events,
             transition=self._transition,
             on_written=self._release,
+            tracer=self.tracer,
         )
         self._advertiser = Advertiser(
             self._redis,
@@ -684,14 +687,27 @@ class Worker:
         self.stats.batches += 1
         self.stats.requests += len(batch)
         self.stats.batch_sizes.append(len(batch))
+        finished_at = time.monotonic()
+        rows = sum(rows_of(d.request) for d in batch)
+        exemplar = None
+        if self.tracer.enabled:
+            exemplar = self.tracer.batch(
+                model=slot.model.name,
+                worker=self.id,
+                requests=[(d.request.traceparent, d.read_at) for d in batch],
+                started=started,
+                finished=finished_at,
+                rows=rows,
+                failed=outcome.model_failed,
+            )
         self.metrics.observe_batch(
             slot.model.name,
             requests=len(batch),
-            rows=sum(rows_of(d.request) for d in batch),
+            rows=rows,
             batch_waits_s=[started - d.read_at for d in batch],
             inference_s=outcome.infer_s,
+            exemplar=exemplar,
         )
-        finished_at = time.monotonic()
         out = []
         for d, result in zip(batch, outcome.results, strict=True):
             self.metrics.observe_result(result.model, result.version, result.status.value)
@@ -733,6 +749,7 @@ class Worker:
                 job=self._job_update(r, result, payload),
                 model=r.model,
                 finished_at=time.monotonic(),
+                traceparent=r.traceparent,
             )
         return Outgoing(
             d.stream,
@@ -740,6 +757,7 @@ class Worker:
             payload,
             model=r.model,
             finished_at=time.monotonic(),
+            traceparent=r.traceparent,
             # Only successes are stored: the result key doubles as the cache entry.
             result_key=r.result_key if result.status is Status.OK else None,
             ttl_ms=r.result_ttl_ms,

@@ -29,6 +29,7 @@ from protocol.jobs import JobStatus
 from protocol.keys import GROUP
 from protocol.messages import FIELD
 from runtime.aio import cancelling
+from runtime.tracing import Tracer
 
 log = structlog.get_logger("inferq.worker")
 
@@ -71,6 +72,8 @@ class Outgoing:
     model: str = ""
     finished_at: float = 0.0
     """When the model call (or the expiry answer) ended, monotonic: the reply-stage clock."""
+    traceparent: str | None = None
+    """The request's trace context, for its *result write* span when tracing is on."""
 
 
 class ResultWriter:
@@ -82,6 +85,7 @@ class ResultWriter:
         transition: AsyncScript | None = None,
         on_written: Callable[[list[Outgoing]], None] | None = None,
         metrics: WorkerMetrics | None = None,
+        tracer: Tracer | None = None,
         ack_delay_s: float = 0.01,
         max_backoff_s: float = 1.0,
     ) -> None:
@@ -90,6 +94,7 @@ class ResultWriter:
         self._transition = transition
         self._on_written = on_written
         self._metrics = metrics
+        self._tracer = tracer if tracer is not None and tracer.enabled else None
         self._queue: list[Outgoing] = []
         self._unacked: list[Outgoing] = []
         self._ack_delay_s = ack_delay_s
@@ -140,6 +145,11 @@ class ResultWriter:
                 for out in batch:
                     if out.finished_at:
                         self._metrics.observe_reply(out.model, now - out.finished_at)
+            if self._tracer is not None:
+                now = time.monotonic()
+                for out in batch:
+                    if out.finished_at:
+                        self._tracer.result_written(out.traceparent, out.finished_at, now)
             if acks and self._on_written is not None:
                 self._on_written(acks)
             if batch:

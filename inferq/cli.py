@@ -315,7 +315,19 @@ def _redis_settings(args: argparse.Namespace) -> RedisSettings:
     return RedisSettings(url=args.redis_url)
 
 
-def run_gateway(args: argparse.Namespace) -> int:
+def _start_tracing(command: str, environ: Mapping[str, str]) -> bool:
+    """Tracing as the ``OTEL_*`` variables say (off unless they name an exporter)."""
+    from runtime import tracing
+
+    try:
+        tracing.configure(environ, service=f"inferq-{command}")
+    except tracing.TracingError as e:
+        print(f"inferq {command}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     import uvicorn
 
     from producer.app import create_app
@@ -323,6 +335,8 @@ def run_gateway(args: argparse.Namespace) -> int:
     from runtime.logging import configure
 
     configure(args.log_level)
+    if not _start_tracing("gateway", environ):
+        return EXIT_USAGE
     settings = GatewaySettings(
         redis=_redis_settings(args),
         namespace=args.namespace,
@@ -352,13 +366,15 @@ def run_gateway(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def run_worker(args: argparse.Namespace) -> int:
+def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     from consumer.repository import RepositoryError
     from consumer.settings import WorkerSettings
     from consumer.worker import MetricsPortError, Worker
     from runtime.logging import configure
 
     configure(args.log_level)
+    if not _start_tracing("worker", environ):
+        return EXIT_USAGE
     settings = WorkerSettings(
         redis=_redis_settings(args),
         namespace=args.namespace,
@@ -414,9 +430,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     args = build_parser(environ).parse_args(argv)
     if args.command == "gateway":
-        return run_gateway(args)
+        return run_gateway(args, environ)
     if args.command == "worker":
-        return run_worker(args)
+        return run_worker(args, environ)
     if args.command == "dlq":
         from inferq import dlq
 

@@ -28,13 +28,14 @@ from producer.errors import (
     UnsupportedMediaType,
 )
 from producer.gateway import Gateway
-from producer.instrument import RequestMetrics
+from producer.instrument import RequestMetrics, RequestTracing
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
+from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -51,7 +52,11 @@ def _gateway(request: Request) -> Gateway:
 
 
 def _traceparent(request: Request) -> str:
-    """The caller's W3C trace context, or a new one, so logs on every hop join up."""
+    """The caller's W3C trace context, or a new one, so logs on every hop join up. Traced,
+    it is the request's server span (a child of the caller's)."""
+    traced = REQUEST_TRACE.get().traceparent
+    if traced is not None:
+        return traced
     given = request.headers.get("traceparent", "")
     if _TRACEPARENT.match(given):
         return given
@@ -215,14 +220,15 @@ async def infer(request: Request) -> Response:
         traceparent=call.traceparent,
     )
     result = outcome.result
-    body, json_length = encode_infer_response(
-        client_id=outcome.body.client_id,
-        model_name=result.model,
-        model_version=result.version,
-        outputs=result.outputs,
-        binary_outputs=outcome.body.binary_outputs,
-        binary_all=outcome.body.binary_all,
-    )
+    with REQUEST_TRACE.get().span("encode response"):
+        body, json_length = encode_infer_response(
+            client_id=outcome.body.client_id,
+            model_name=result.model,
+            model_version=result.version,
+            outputs=result.outputs,
+            binary_outputs=outcome.body.binary_outputs,
+            binary_all=outcome.body.binary_all,
+        )
     headers = {
         "traceparent": call.traceparent,
         "x-inferq-cache": "hit" if outcome.cached else "miss",
@@ -377,10 +383,14 @@ def create_app(settings: GatewaySettings) -> Starlette:
         finally:
             await gateway.stop()
 
+    traced = gateway.tracer.enabled
+    middleware = [Middleware(RequestMetrics, gateway=gateway, exemplars=traced)]
+    if traced:  # untraced, not even a pass-through layer
+        middleware.insert(0, Middleware(RequestTracing, tracer=gateway.tracer))
     app = Starlette(
         routes=routes(),
         lifespan=lifespan,
-        middleware=[Middleware(RequestMetrics, gateway=gateway)],
+        middleware=middleware,
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,

@@ -24,6 +24,7 @@ from producer.replies import ReplyListener
 from producer.service import InferenceService
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
+from runtime import tracing
 from runtime.aio import cancelling
 from runtime.connections import RedisClock, blocking_client, command_client, redact
 
@@ -36,6 +37,7 @@ class Gateway:
         self.keys = Keys(settings.namespace)
         self.clock = RedisClock()
         self.metrics = GatewayMetrics()
+        self.tracer = tracing.current()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:

@@ -1,4 +1,5 @@
-"""ASGI middleware that counts and times every HTTP request, errors included.
+"""ASGI middleware that counts and times every HTTP request, errors included, and (only when
+tracing is on) opens each inference request's trace.
 
 Exception handlers turn errors into responses below this layer, so one place sees every status.
 Model and version labels are set only for models the registry knows: a label never carries a
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.routing import ROUTED_VERSION
+from runtime.tracing import REQUEST_TRACE, Tracer
 
 if TYPE_CHECKING:
     from producer.gateway import Gateway
@@ -26,6 +28,8 @@ _FIXED = {
     "/metrics": "metrics",
     "/openapi.json": "openapi",
 }
+TRACED_ENDPOINTS = frozenset({"infer", "job_submit"})
+"""Endpoints that get a trace; health checks, scrapes and polls would only add noise."""
 _MODEL_ENDPOINTS = {
     None: "model_metadata",
     "/ready": "model_ready",
@@ -46,10 +50,62 @@ def classify(path: str, method: str) -> tuple[str, str | None, str | None]:
     return _MODEL_ENDPOINTS[m.group(3)], m.group(1), m.group(2)
 
 
+def _header(scope: Scope, wanted: bytes) -> str | None:
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class RequestTracing:
+    """Starts the server span of each inference request, the caller's ``traceparent`` its
+    parent, and makes it the request's ``REQUEST_TRACE`` for the handlers below. Installed
+    outside ``RequestMetrics`` (which reads the trace id for its exemplar), and only when
+    tracing is on."""
+
+    def __init__(self, app: ASGIApp, tracer: Tracer) -> None:
+        self.app = app
+        self.tracer = tracer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        endpoint = classify(scope["path"], scope["method"]) if scope["type"] == "http" else None
+        if endpoint is None or endpoint[0] not in TRACED_ENDPOINTS:
+            await self.app(scope, receive, send)
+            return
+        name, model, version = endpoint
+        attributes = {
+            "http.request.method": scope["method"],
+            "url.path": scope["path"],
+            "inferq.endpoint": name,
+            "inferq.model": model or "",
+        }
+        if version:
+            attributes["inferq.version"] = version
+        trace = self.tracer.request(
+            f"{scope['method']} {name}", _header(scope, b"traceparent"), attributes
+        )
+        status = 500
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        token = REQUEST_TRACE.set(trace)
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            REQUEST_TRACE.reset(token)
+            trace.end(status)
+
+
 class RequestMetrics:
-    def __init__(self, app: ASGIApp, gateway: Gateway) -> None:
+    def __init__(self, app: ASGIApp, gateway: Gateway, *, exemplars: bool = False) -> None:
         self.app = app
         self.gateway = gateway
+        self.exemplars = exemplars
+        """Tracing is on: label latency observations of sampled requests with their trace id."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -85,6 +141,7 @@ class RequestMetrics:
             for name, value in scope["headers"]:
                 if name == b"content-length" and value.isdigit():
                     body_bytes = int(value)
+        exemplar = REQUEST_TRACE.get().exemplar() if self.exemplars else None
         self.gateway.metrics.observe_request(
-            model, version, endpoint, status, seconds, body_bytes=body_bytes
+            model, version, endpoint, status, seconds, body_bytes=body_bytes, exemplar=exemplar
         )

@@ -31,6 +31,7 @@ from protocol import ProtocolError
 from protocol.jobs import TRANSITION_SCRIPT, JobRecord, JobStatus, transition_args
 from protocol.keys import Lane
 from protocol.messages import FIELD, InferRequest, InferResult, Kind
+from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -98,6 +99,9 @@ class JobService:
         lane = Lane.for_priority(sched.priority) if "priority" in body.parameters else Lane.LOW
         job_id = new_job_id()
         ttl_ms = self.settings.job_ttl_s * 1000
+        trace = REQUEST_TRACE.get()
+        trace.since_start("receive and validate")
+        enqueue = trace.start("enqueue")  # the worker's spans of this job join it
         try:
             if idempotency_key is not None:
                 existing = await self._claim_idempotency(name, idempotency_key, job_id, ttl_ms)
@@ -128,7 +132,7 @@ class JobService:
                 kind=Kind.JOB,
                 priority=sched.priority,
                 client_id=body.client_id,
-                traceparent=traceparent,
+                traceparent=enqueue.propagate(traceparent),
             )
             # One round trip, in order: the record exists before any worker can read the job.
             pipe = self._redis.pipeline(transaction=False)
@@ -140,6 +144,8 @@ class JobService:
             raise ServiceUnavailable(
                 f"the queue (Redis) is unreachable: {e}", retry_after_s=1
             ) from e
+        finally:
+            enqueue.end()
         self.registry.note_queued(name)
         log.info(
             "job queued",

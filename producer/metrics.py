@@ -198,8 +198,10 @@ class GatewayMetrics:
         seconds: float,
         *,
         body_bytes: int | None = None,
+        exemplar: dict[str, str] | None = None,
     ) -> None:
-        """One answered HTTP request (any status)."""
+        """One answered HTTP request (any status). ``exemplar`` (a sampled request's trace id)
+        labels its duration observation, shown in the OpenMetrics exposition."""
         key = (model, version, endpoint, status)
         children = self._request_children.get(key)
         if children is None:
@@ -215,7 +217,7 @@ class GatewayMetrics:
             )
         count, duration, body = children
         count.inc()
-        duration.observe(seconds)
+        duration.observe(seconds, exemplar)
         if body_bytes is not None:
             body.observe(body_bytes)
 

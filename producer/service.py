@@ -43,6 +43,7 @@ from protocol.keys import Keys, Lane, is_valid_name
 from protocol.messages import FIELD, InferRequest, InferResult, Status
 from protocol.registry import ModelMetadata
 from runtime.connections import RedisClock
+from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -149,11 +150,13 @@ class InferenceService:
         traceparent: str | None = None,
     ) -> InferOutcome:
         started = time.monotonic()
+        trace = REQUEST_TRACE.get()
         entry, version = await self.model(name, version)
         ROUTED_VERSION.set(version)
         meta = entry.metadata
         body = parse_infer_request(raw, header_length, meta)
         sched = self.schedule(meta, body, no_cache=no_cache)
+        trace.since_start("receive and validate")
         if entry.workers == 0:
             self.metrics.observe_rejected(name, "no_workers")
             raise ServiceUnavailable(
@@ -167,7 +170,8 @@ class InferenceService:
             else None
         )
         if cache_key is not None:
-            cached = await self._redis("GET", cache_key, model=name)
+            with trace.span("cache lookup"):
+                cached = await self._redis("GET", cache_key, model=name)
             self.metrics.observe_cache(name, hit=cached is not None)
             if cached is not None:
                 try:
@@ -178,6 +182,7 @@ class InferenceService:
         self._admit(name, entry.workers, meta.max_batch, lane, sched.timeout_ms / 1000)
         request_id = f"{self._id_prefix}{next(self._ids):x}"
         now_ms = self.clock.now_ms()
+        queued = trace.start("queue wait")  # enqueue to reply; the worker's spans join it
         request = InferRequest(
             id=request_id,
             model=name,
@@ -191,7 +196,7 @@ class InferenceService:
             reply_to=self.replies.key,
             priority=sched.priority,
             client_id=body.client_id,
-            traceparent=traceparent,
+            traceparent=queued.propagate(traceparent),
         )
         future = self.replies.expect(request_id)
         self.waiting[name] += 1
@@ -218,6 +223,7 @@ class InferenceService:
                 "not run after its deadline"
             ) from None
         finally:
+            queued.end()
             self.replies.forget(request_id)
             self.waiting[name] -= 1
         self._observe(name, result)
