@@ -57,11 +57,6 @@ class _Env:
         )
 
 
-def _env_int(environ: Mapping[str, str], name: str, default: int) -> int:
-    raw = environ.get(name)
-    return default if raw is None or not raw.strip().isdigit() else int(raw)
-
-
 def connection_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
     """``--redis`` and ``--namespace``: every command that talks to Redis takes these two."""
     e = _Env(parser, environ)
@@ -210,8 +205,8 @@ def _worker_flags(e: _Env) -> None:
         env="INFERQ_METRICS_PORT",
         type=int,
         default=9100,
-        help="port of the worker's Prometheus /metrics (0: off); under `inferq up` off unless "
-        "given, and worker i gets this port + i",
+        help="port of the worker's Prometheus /metrics (0: off); under `inferq up` worker i "
+        "(from 0) gets this port + i",
     )
     e.add(
         "--worker-id",
@@ -269,9 +264,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     _redis_flags(e)
     _gateway_flags(e)
     _worker_flags(e)
-    # Several local workers (and several `inferq up`s) on one machine would fight over one
-    # metrics port: under `up` the workers' metrics are off unless a port is asked for.
-    up.set_defaults(metrics_port=_env_int(environ, "INFERQ_METRICS_PORT", 0))
     e.add(
         "--workers",
         env="INFERQ_WORKERS",
