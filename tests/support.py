@@ -40,13 +40,16 @@ def missing(what: str, *, module: bool = False) -> NoReturn:
     pytest.skip(f"{what} is not installed", allow_module_level=module)
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Poll a condition until it holds; fail the test with ``what`` if it never does."""
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "", poll_s: float = 0.005
+) -> None:
+    """Poll a condition until it holds; fail the test with ``what`` if it never does.
+    ``poll_s``: longer for conditions that cost a server real work (a Prometheus query)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
-        time.sleep(0.005)
+        time.sleep(poll_s)
 
 
 def write_simulated_model(
