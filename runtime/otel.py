@@ -138,7 +138,8 @@ class _Request(RequestTrace):
         self._tracer = tracer
         self._root = root
         self._recording = root.is_recording()
-        self._context = set_span_in_context(root)
+        # Children are only ever started under a recorded root: skip the context otherwise.
+        self._context = set_span_in_context(root) if self._recording else None
         self.traceparent = format_traceparent(root.get_span_context())
 
     def span(self, name: str) -> Any:
