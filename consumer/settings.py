@@ -1,14 +1,23 @@
-"""Worker settings: one frozen object, built by the CLI from flags and ``INFERQ_*`` variables."""
+"""Worker settings: one frozen object, built by the CLI from flags and ``INFERQ_*`` variables.
+
+Each user-settable field declares its flag, variable and help here, once (``runtime.options``);
+the ``inferq`` parsers and ``inferq up``'s forwarding derive from these declarations.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.connections import RedisSettings
+from runtime.argtypes import non_negative_float, positive_int
+from runtime.options import option
+from runtime.settings import ConnectionSettings
+
+DEFAULT_METRICS_PORT = 9100
+DEVICES = ("cpu", "cuda")
 
 
 def default_worker_id() -> str:
@@ -16,33 +25,102 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
 
+def model_list(raw: str) -> tuple[str, ...]:
+    return tuple(m.strip() for m in raw.split(",") if m.strip())
+
+
 @dataclass(frozen=True)
-class WorkerSettings:
-    redis: RedisSettings = field(default_factory=RedisSettings)
-    namespace: str = "inferq"
-    model_repository: Path = Path("models")
-    models: tuple[str, ...] = ()
-    """Models to serve; empty serves every model in the repository."""
-    max_batch: int | None = None
-    """Overrides every model's ``max_batch``."""
-    flush_ms: float | None = None
-    """Overrides every model's ``flush_ms``."""
-    device: str = "cpu"
-    worker_id: str = field(default_factory=default_worker_id)
-    heartbeat_s: float = 2.0
+class WorkerSettings(ConnectionSettings):
+    model_repository: Path = option(
+        Path("models"),
+        flag="--model-repository",
+        env="INFERQ_MODEL_REPOSITORY",
+        parse=Path,
+        help="model repository folder ({name}/config.toml, {name}/{version}/model.onnx)",
+    )
+    models: tuple[str, ...] = option(
+        (),
+        flag="--models",
+        env="INFERQ_MODELS",
+        parse=model_list,
+        render=",".join,
+        help="comma-separated models to serve; empty serves every model in the repository",
+    )
+    max_batch: int | None = option(
+        None,
+        flag="--max-batch",
+        env="INFERQ_MAX_BATCH",
+        parse=positive_int,
+        help="override every model's max_batch (rows per model call)",
+    )
+    flush_ms: float | None = option(
+        None,
+        flag="--flush-ms",
+        env="INFERQ_FLUSH_MS",
+        parse=non_negative_float,
+        help="override every model's flush window (longest wait for a batch to fill)",
+    )
+    device: str = option(
+        "cpu", flag="--device", env="INFERQ_DEVICE", choices=DEVICES, help="where models run"
+    )
+    worker_id: str = option(
+        default_factory=default_worker_id,
+        flag="--worker-id",
+        env="INFERQ_WORKER_ID",
+        # Each worker of `inferq up` must have its own consumer name: never hand one down.
+        forward=False,
+        help="consumer name in the group (default: host-pid-random); reuse a dead worker's "
+        "name to recover its pending entries at once",
+    )
+    heartbeat_s: float = option(
+        2.0,
+        flag="--heartbeat-s",
+        env="INFERQ_HEARTBEAT_S",
+        parse=non_negative_float,
+        help="how often the worker refreshes its advertisement",
+    )
     worker_ttl_s: float = 10.0
     """A worker whose heartbeat is older than this counts as gone."""
     block_ms: int = 2000
     """How long one blocking read waits before looping (not a latency: reads return at once
     when a request arrives)."""
-    metrics_port: int = 0
-    """Port of the worker's ``/metrics``; 0 is off (the CLI's default is 9100)."""
-    drain_timeout_s: float = 30.0
-    claim_idle_ms: int = 30_000
-    """An entry pending this long without its worker renewing it is taken over by another."""
-    max_deliveries: int = 5
-    """An entry delivered more often than this is dead-lettered instead of run again."""
-    retire_after_s: float = 30.0
-    """After a model version change, how long dropped versions keep answering requests routed
-    to them before the switch (then they are unloaded)."""
-    log_level: str = "info"
+    metrics_port: int = option(
+        0,
+        flag="--metrics-port",
+        env="INFERQ_METRICS_PORT",
+        parse=int,
+        # Off for workers built in code (tests, embedding) so they never fight over a port; on
+        # for a worker started from the command line, where an operator expects a scrape target.
+        cli_default=DEFAULT_METRICS_PORT,
+        help="port of the worker's Prometheus /metrics (0: off); under `inferq up` worker i "
+        "(from 0) gets this port + i",
+    )
+    drain_timeout_s: float = option(
+        30.0,
+        flag="--drain-timeout-s",
+        env="INFERQ_DRAIN_TIMEOUT_S",
+        parse=non_negative_float,
+        help="on SIGTERM, how long to finish in-flight batches",
+    )
+    claim_idle_ms: int = option(
+        30_000,
+        flag="--claim-idle-ms",
+        env="INFERQ_CLAIM_IDLE_MS",
+        parse=positive_int,
+        help="take over entries another worker has held this long without renewing them",
+    )
+    max_deliveries: int = option(
+        5,
+        flag="--max-deliveries",
+        env="INFERQ_MAX_DELIVERIES",
+        parse=positive_int,
+        help="dead-letter an entry delivered more often than this (it keeps crashing workers)",
+    )
+    retire_after_s: float = option(
+        30.0,
+        flag="--retire-after-s",
+        env="INFERQ_RETIRE_AFTER_S",
+        parse=non_negative_float,
+        help="after a model version change, how long dropped versions still answer requests "
+        "routed to them before it",
+    )

@@ -22,6 +22,7 @@ from protocol import ProtocolError
 from protocol.keys import Keys
 from protocol.messages import FIELD, InferRequest
 from runtime.connections import redact
+from runtime.settings import connection_flags
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -35,17 +36,7 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
         description="Dead letters are requests no worker could run (undecodable, or delivered "
         "too often). List them, show one, replay them on their original stream, or purge them.",
     )
-    dlq.add_argument(
-        "--redis",
-        dest="redis_url",
-        default=environ.get("INFERQ_REDIS_URL", "redis://127.0.0.1:6379/0"),
-        help="Redis URL [env INFERQ_REDIS_URL]",
-    )
-    dlq.add_argument(
-        "--namespace",
-        default=environ.get("INFERQ_NAMESPACE", "inferq"),
-        help="key prefix [env INFERQ_NAMESPACE]",
-    )
+    connection_flags(dlq, environ)
     actions = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
     ls = actions.add_parser("list", help="dead letters per model, newest last")
     ls.add_argument("--model", help="only this model")

@@ -41,8 +41,8 @@ from typing import Any, TextIO
 
 from redis.exceptions import RedisError
 
-from inferq.argtypes import non_negative_float, non_negative_int, positive_float
 from protocol.keys import GROUP, Keys, Lane
+from runtime.argtypes import non_negative_float, non_negative_int, positive_float
 from runtime.lag import (
     Drain,
     DrainEstimator,
@@ -53,6 +53,7 @@ from runtime.lag import (
     collect,
     dead_letters,
 )
+from runtime.settings import connection_flags
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -225,8 +226,6 @@ def to_json(
 
 def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     """Add ``lag`` to ``inferq``'s subcommands (``subparsers`` from ``add_subparsers``)."""
-    from inferq.cli import connection_flags  # here: inferq.cli imports this module
-
     parser = subparsers.add_parser(
         "lag",
         help="show each model's queue backlog (lag, pending, consumers, drain rate)",

@@ -23,6 +23,7 @@ from producer.registry import ModelEntry, merge, parse_snapshot, queue_snapshot,
 from protocol.control import LoadReport
 from protocol.keys import Keys
 from runtime.connections import redact
+from runtime.settings import connection_flags
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
@@ -164,8 +165,6 @@ def add_actions(actions: Any, environ: Mapping[str, str]) -> None:
     st.add_argument("models", nargs="*", help="only these models (default: all)")
     ls.set_defaults(models_view="list")
     st.set_defaults(models_view="status")
-    from inferq.cli import connection_flags  # here: inferq.cli imports this module
-
     for parser in (ls, st):
         connection_flags(parser, environ)
         parser.add_argument("--json", action="store_true", help="machine-readable output")

@@ -15,8 +15,10 @@ import argparse
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
+
+from consumer.settings import WorkerSettings
+from runtime.options import add_flags
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -46,15 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _repository_flag(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
-    from inferq.cli import _Env  # here: inferq.cli imports this module
-
-    _Env(parser, environ).add(
-        "--repository",
-        env="INFERQ_MODEL_REPOSITORY",
-        type=Path,
-        default=Path("models"),
-        help="model repository folder",
-    )
+    add_flags(parser, environ, WorkerSettings, only=("model_repository",), flag="--repository")
 
 
 # -- build-examples ----------------------------------------------------------------------------

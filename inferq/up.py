@@ -18,11 +18,16 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from consumer.settings import WorkerSettings
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
+from producer.settings import GatewaySettings
+from runtime.argtypes import positive_int
 from runtime.connections import redact
+from runtime.options import forward_argv, option
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -49,65 +54,30 @@ def _spawn(argv: list[str], extra_env: dict[str, str] | None = None) -> subproce
     )
 
 
-def _common(args: argparse.Namespace, redis_url: str) -> list[str]:
-    return ["--redis", redis_url, "--namespace", args.namespace, "--log-level", args.log_level]
+@dataclass(frozen=True)
+class UpSettings:
+    """The options of ``inferq up`` itself (it also takes every gateway and worker option)."""
+
+    workers: int = option(
+        1,
+        flag="--workers",
+        env="INFERQ_WORKERS",
+        parse=positive_int,
+        help="worker processes to start",
+    )
 
 
 def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> list[str]:
-    argv = [
-        "worker",
-        *_common(args, redis_url),
-        "--model-repository",
-        str(args.model_repository),
-        "--device",
-        args.device,
-        "--drain-timeout-s",
-        str(args.drain_timeout_s),
-        "--claim-idle-ms",
-        str(args.claim_idle_ms),
-        "--metrics-port",
-        str(args.metrics_port + index if args.metrics_port else 0),
-        "--max-deliveries",
-        str(args.max_deliveries),
-        "--retire-after-s",
-        str(args.retire_after_s),
-    ]
-    if args.models:
-        argv += ["--models", args.models]
-    if args.max_batch:
-        argv += ["--max-batch", str(args.max_batch)]
-    if args.flush_ms is not None:
-        argv += ["--flush-ms", str(args.flush_ms)]
-    return argv
+    port = args.metrics_port + index if args.metrics_port else 0
+    argv, _ = forward_argv(args, [WorkerSettings], redis=redis_url, metrics_port=port)
+    return ["worker", *argv]
 
 
-def _gateway_argv(args: argparse.Namespace, redis_url: str) -> list[str]:
-    return [
-        "gateway",
-        *_common(args, redis_url),
-        "--host",
-        args.host,
-        "--port",
-        str(args.port),
-        "--max-body-bytes",
-        str(args.max_body_bytes),
-        "--max-timeout-ms",
-        str(args.max_timeout_ms),
-        "--result-ttl-s",
-        str(args.result_ttl_s),
-        "--max-backlog",
-        str(args.max_backlog),
-        "--job-ttl",
-        str(args.job_ttl),
-        "--job-timeout-s",
-        str(args.job_timeout_s),
-        "--max-job-backlog",
-        str(args.max_job_backlog),
-        "--max-job-wait-s",
-        str(args.max_job_wait_s),
-        "--admin-load-timeout-s",
-        str(args.admin_load_timeout_s),
-    ]
+def _gateway_argv(args: argparse.Namespace, redis_url: str) -> tuple[list[str], dict[str, str]]:
+    """The gateway's command line, and the secrets it gets in its environment instead (the
+    process list shows every user of the host the command line)."""
+    argv, env = forward_argv(args, [GatewaySettings], redis=redis_url)
+    return ["gateway", *argv], env
 
 
 def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], stop: threading.Event) -> bool:
@@ -194,9 +164,7 @@ def run_up(args: argparse.Namespace) -> int:
         else:
             print(f"inferq up: using the Redis at {redact(redis_url)}", flush=True)
         workers = [_spawn(_worker_argv(args, redis_url, i)) for i in range(args.workers)]
-        # The token travels in the environment: argv is visible to every user of the host.
-        token = {"INFERQ_ADMIN_TOKEN": args.admin_token} if args.admin_token else {}
-        gateway = _spawn(_gateway_argv(args, redis_url), token)
+        gateway = _spawn(*_gateway_argv(args, redis_url))
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
         url = f"http://{host}:{args.port}"
         if not _wait_ready(url, [gateway, *workers], stop):

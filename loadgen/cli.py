@@ -61,7 +61,7 @@ EXIT_INTERRUPTED = 130
 
 def _int_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: an integer of at least ``minimum`` (loadgen is an outside client and
-    imports none of the product, so not ``inferq.argtypes``)."""
+    imports none of the product, so not ``runtime.argtypes``)."""
 
     def parse(raw: str) -> int:
         value = int(raw)

@@ -1,11 +1,17 @@
-"""Gateway settings: one frozen object, built by the CLI from flags and ``INFERQ_*`` variables."""
+"""Gateway settings: one frozen object, built by the CLI from flags and ``INFERQ_*`` variables.
+
+Each user-settable field declares its flag, variable and help here, once (``runtime.options``);
+the ``inferq`` parsers and ``inferq up``'s forwarding derive from these declarations.
+"""
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
 
-from runtime.connections import RedisSettings
+from runtime.argtypes import non_negative_float, positive_int
+from runtime.options import option
+from runtime.settings import ConnectionSettings
 
 
 def default_gateway_id() -> str:
@@ -13,38 +19,86 @@ def default_gateway_id() -> str:
 
 
 @dataclass(frozen=True)
-class GatewaySettings:
-    redis: RedisSettings = field(default_factory=RedisSettings)
-    namespace: str = "inferq"
-    host: str = "127.0.0.1"
-    port: int = 8000
+class GatewaySettings(ConnectionSettings):
+    host: str = option("127.0.0.1", flag="--host", env="INFERQ_HOST", help="address to listen on")
+    port: int = option(8000, flag="--port", env="INFERQ_PORT", parse=int, help="HTTP port")
     gateway_id: str = field(default_factory=default_gateway_id)
     """Names this process's reply stream; unique per process."""
-    max_body_bytes: int = 64 * 1024 * 1024
-    """Larger request bodies are refused with 413."""
-    max_timeout_ms: int = 300_000
-    """Upper bound on any request's deadline, whatever the client asks for."""
-    result_ttl_s: int = 60
-    """How long a result stays readable when the model's cache is off."""
+    max_body_bytes: int = option(
+        64 * 1024 * 1024,
+        flag="--max-body-bytes",
+        env="INFERQ_MAX_BODY_BYTES",
+        parse=positive_int,
+        help="larger request bodies get 413",
+    )
+    max_timeout_ms: int = option(
+        300_000,
+        flag="--max-timeout-ms",
+        env="INFERQ_MAX_TIMEOUT_MS",
+        parse=positive_int,
+        help="cap on any request's deadline",
+    )
+    result_ttl_s: int = option(
+        60,
+        flag="--result-ttl-s",
+        env="INFERQ_RESULT_TTL_S",
+        parse=positive_int,
+        help="how long an uncached result stays in Redis",
+    )
     registry_refresh_s: float = 1.0
     """How often the gateway re-reads which workers are live and what they serve."""
     reply_block_ms: int = 2000
     heartbeat_s: float = 5.0
     """How often the gateway refreshes its reply stream's TTL."""
-    max_backlog: int = 10_000
-    """Per model: synchronous requests beyond this many queued get 429 at once."""
-    job_ttl_s: int = 86_400
-    """How long job records and results are kept (``--job-ttl``)."""
-    job_timeout_s: int = 3_600
-    """A job's deadline when the request names no ``timeout``."""
-    max_job_backlog: int = 100_000
-    """Per model: job submissions beyond this many queued requests get 429."""
-    max_job_wait_s: float = 60.0
-    """Upper bound on ``GET /v2/jobs/{id}?wait=``."""
+    max_backlog: int = option(
+        10_000,
+        flag="--max-backlog",
+        env="INFERQ_MAX_BACKLOG",
+        parse=positive_int,
+        help="per model: requests beyond this many queued get 429 at once",
+    )
+    job_ttl_s: int = option(
+        86_400,
+        flag="--job-ttl",
+        env="INFERQ_JOB_TTL",
+        parse=positive_int,
+        help="seconds job records and results are kept",
+    )
+    job_timeout_s: int = option(
+        3_600,
+        flag="--job-timeout-s",
+        env="INFERQ_JOB_TIMEOUT_S",
+        parse=positive_int,
+        help="a job's deadline when the request names no timeout",
+    )
+    max_job_backlog: int = option(
+        100_000,
+        flag="--max-job-backlog",
+        env="INFERQ_MAX_JOB_BACKLOG",
+        parse=positive_int,
+        help="per model: job submissions beyond this many queued requests get 429",
+    )
+    max_job_wait_s: float = option(
+        60.0,
+        flag="--max-job-wait-s",
+        env="INFERQ_MAX_JOB_WAIT_S",
+        parse=non_negative_float,
+        help="longest long poll on GET /v2/jobs/{id}?wait=",
+    )
     stream_gauges_s: float = 5.0
     """How often the stream gauges (length, lag, pending, ...) are refreshed from Redis."""
-    admin_token: str | None = None
-    """Bearer token of the model-control API (``--admin-token``); unset disables it."""
-    admin_load_timeout_s: float = 120.0
-    """How long a model load waits for every worker to load and warm the new versions."""
-    log_level: str = "info"
+    admin_token: str | None = option(
+        None,
+        flag="--admin-token",
+        env="INFERQ_ADMIN_TOKEN",
+        secret=True,
+        help="bearer token of the model-control API (/v2/repository/...); unset disables it "
+        "(prefer the environment variable: flags show in the process list)",
+    )
+    admin_load_timeout_s: float = option(
+        120.0,
+        flag="--admin-load-timeout-s",
+        env="INFERQ_ADMIN_LOAD_TIMEOUT_S",
+        parse=non_negative_float,
+        help="how long a model load waits for every worker to load and warm the new versions",
+    )

@@ -12,7 +12,7 @@ Layout (namespace ``inferq`` by default)::
     {ns}:job:{id}                 async job record (hash, see protocol.jobs), with a TTL
     {ns}:idempotency:{model}:{key}   Idempotency-Key of a job submission -> job id, with a TTL
     {ns}:jobevents                stream of finished job ids, read by every gateway
-    {ns}:dlq:{model}              dead-letter stream per model (reserved for fault handling)
+    {ns}:dlq:{model}              dead-letter stream per model (undecodable and poison entries)
     {ns}:control                  control stream: model load/commit/abort commands to workers
     {ns}:control:reply:{id}       list: workers' answers to one load command, with a TTL
     {ns}:policies                 hash: model name -> committed version policy (versions, weights)

@@ -65,7 +65,9 @@ class InferRequest:
     """One inference request as queued on a model's stream."""
 
     id: str
-    """Unique request id chosen by the gateway (128 random bits, hex)."""
+    """Unique request id chosen by the gateway: a random 64-bit prefix per gateway process and a
+    counter (unique, not secret: it routes the reply and is never shown to clients). Job ids
+    are 128 random bits (``producer.jobs``), since a job id is its own access token."""
     model: str
     version: str
     inputs: list[Tensor]

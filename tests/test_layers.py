@@ -74,4 +74,3 @@ def test_no_cycle_between_top_level_packages() -> None:
 
     cycles = sorted(p for p in graph if reaches(p, p, {p}))
     assert cycles == []
-

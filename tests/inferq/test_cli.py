@@ -56,7 +56,7 @@ def test_environment_variables_set_defaults_and_flags_win():
         "redis://elsewhere:6380/1",
         8,
         0.5,
-        "digits",
+        ("digits",),
     )
     assert parser.parse_args(["worker", "--max-batch", "4"]).max_batch == 4
 

@@ -1,0 +1,42 @@
+"""The options every inferq process that talks to Redis shares: where Redis is, the key
+namespace, the log level. The gateway's and the worker's settings extend this class."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from runtime.connections import RedisSettings
+from runtime.options import add_flags, option
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    redis: RedisSettings = option(
+        default_factory=RedisSettings,
+        flag="--redis",
+        env="INFERQ_REDIS_URL",
+        dest="redis_url",
+        cli_default=DEFAULT_REDIS_URL,
+        build=lambda url: RedisSettings(url=url),
+        help="Redis URL (redis:// or rediss:// for TLS; user:password@ for AUTH)",
+    )
+    namespace: str = option(
+        "inferq",
+        flag="--namespace",
+        env="INFERQ_NAMESPACE",
+        help="prefix of every Redis key, so deployments can share one Redis",
+    )
+    log_level: str = option(
+        "info", flag="--log-level", env="INFERQ_LOG_LEVEL", choices=LOG_LEVELS, help="log level"
+    )
+
+
+def connection_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """``--redis`` and ``--namespace``, for the commands that only read Redis (lag, dlq,
+    models)."""
+    add_flags(parser, environ, ConnectionSettings, only=("redis", "namespace"))

@@ -1,0 +1,112 @@
+"""Options declared once on the settings classes: parsers, settings objects and ``inferq up``'s
+forwarding all derive from the declaration."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from consumer.settings import WorkerSettings
+from inferq.cli import build_parser
+from producer.settings import GatewaySettings
+from runtime.connections import RedisSettings
+from runtime.options import add_flags, forward_argv, from_args, options
+
+
+def parser_for(*classes: type, environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    add_flags(parser, environ or {}, *classes)
+    return parser
+
+
+def test_every_option_has_a_flag_and_an_inferq_variable_named_alike():
+    for cls in (GatewaySettings, WorkerSettings):
+        for _, opt in options(cls):
+            assert opt.flag.startswith("--") and opt.env.startswith("INFERQ_")
+            assert opt.help
+
+
+def test_no_flags_give_the_dataclass_defaults():
+    args = parser_for(GatewaySettings).parse_args([])
+    built = from_args(GatewaySettings, args)
+    default = GatewaySettings()
+    for f, _ in options(GatewaySettings):
+        assert getattr(built, f.name) == getattr(default, f.name), f.name
+
+
+def test_a_variable_sets_the_default_and_a_flag_wins():
+    environ = {"INFERQ_PORT": "9000", "INFERQ_REDIS_URL": "redis://elsewhere:1/0"}
+    parser = parser_for(GatewaySettings, environ=environ)
+    assert from_args(GatewaySettings, parser.parse_args([])).port == 9000
+    settings = from_args(GatewaySettings, parser.parse_args(["--port", "9001"]))
+    assert settings.port == 9001
+    assert settings.redis == RedisSettings(url="redis://elsewhere:1/0")
+
+
+def test_a_bad_variable_is_a_usage_error_naming_it(capsys):
+    with pytest.raises(SystemExit):
+        parser_for(WorkerSettings, environ={"INFERQ_CLAIM_IDLE_MS": "-3"})
+    assert "INFERQ_CLAIM_IDLE_MS='-3' is not a valid --claim-idle-ms" in capsys.readouterr().err
+
+
+def test_up_forwards_every_gateway_and_worker_option_unchanged():
+    up = build_parser({}).parse_args(
+        [
+            "up",
+            "--redis",
+            "redis://127.0.0.1:7000/2",
+            "--namespace",
+            "ns",
+            "--port",
+            "8123",
+            "--max-batch",
+            "7",
+            "--flush-ms",
+            "0.5",
+            "--models",
+            "a,b",
+            "--model-repository",
+            "/srv/models",
+            "--admin-token",
+            "s3cret",
+            "--job-ttl",
+            "99",
+        ]
+    )
+    for command, cls in (("gateway", GatewaySettings), ("worker", WorkerSettings)):
+        argv, env = forward_argv(up, [cls])
+        child = build_parser(env).parse_args([command, *argv])
+        for f, opt in options(cls):
+            if opt.forward:
+                assert getattr(child, opt.dest) == getattr(up, opt.dest), f.name
+        assert "s3cret" not in argv
+    worker = from_args(
+        WorkerSettings,
+        build_parser({}).parse_args(["worker", *forward_argv(up, [WorkerSettings])[0]]),
+    )
+    assert (worker.models, worker.model_repository, worker.max_batch) == (
+        ("a", "b"),
+        Path("/srv/models"),
+        7,
+    )
+
+
+def test_up_hands_the_admin_token_down_in_the_environment_only():
+    up = build_parser({"INFERQ_ADMIN_TOKEN": "s3cret"}).parse_args(["up"])
+    argv, env = forward_argv(up, [GatewaySettings])
+    assert env == {"INFERQ_ADMIN_TOKEN": "s3cret"}
+    assert "--admin-token" not in argv
+
+
+def test_worker_ids_are_never_handed_down():
+    up = build_parser({"INFERQ_WORKER_ID": "w1"}).parse_args(["up"])
+    argv, _ = forward_argv(up, [WorkerSettings])
+    assert "--worker-id" not in argv
+
+
+def test_overrides_replace_a_forwarded_value():
+    up = build_parser({}).parse_args(["up"])
+    argv, _ = forward_argv(up, [WorkerSettings], redis="redis://127.0.0.1:1234/0")
+    assert argv[argv.index("--redis") + 1] == "redis://127.0.0.1:1234/0"
