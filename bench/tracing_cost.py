@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -149,8 +150,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"CPU/request, {row['req_per_s']:.0f} req/s, {row['traces_exported']} traces",
                 flush=True,
             )
-    off = [r["gateway_cpu_us_per_request"] for r in rows if r["mode"] == "off"]
-    baseline = sum(off) / len(off)
+
+    def median(mode: str) -> float:
+        return statistics.median(r["gateway_cpu_us_per_request"] for r in rows if r["mode"] == mode)
+
+    baseline = median("off")
     table = markdown_table(
         [
             "round",
@@ -178,7 +182,19 @@ def main(argv: list[str] | None = None) -> int:
             for r in rows
         ],
     )
-    print(f"\n{table}\n\ngit {git_revision()}; command: {command}")
+    summary = markdown_table(
+        ["tracing", "gateway CPU µs/request (median)", "vs off", "added µs/request"],
+        [
+            [
+                mode,
+                fmt(median(mode), 0),
+                f"{median(mode) / median('off'):.2f}x",
+                fmt(median(mode) - median("off"), 0),
+            ]
+            for mode in MODES
+        ],
+    )
+    print(f"\n{table}\n\n{summary}\n\ngit {git_revision()}; command: {command}")
     save(
         "tracing_cost",
         {"git": git_revision(), "command": command, "machine": machine(), "rows": rows},
