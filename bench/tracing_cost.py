@@ -152,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
             )
 
     def median(mode: str) -> float:
-        return statistics.median(r["gateway_cpu_us_per_request"] for r in rows if r["mode"] == mode)
+        return float(
+            statistics.median(r["gateway_cpu_us_per_request"] for r in rows if r["mode"] == mode)
+        )
 
     baseline = median("off")
     table = markdown_table(
