@@ -15,6 +15,12 @@ closed loop sends exactly ``--requests`` requests; the gateway's CPU time (user 
 /proc) is read before and after, the "after" once the receiver has stopped getting spans, so the
 export of every span is counted. The requests carry no traceparent: the gateway's sampler
 decides. Modes alternate over ``--rounds`` so drift on the shared machine hits each alike.
+
+First, the parts in this process (``--parts-only`` stops there), CPU time per request over
+20,000 simulated requests, so the end-to-end figures can be told apart from machine noise: the
+calls the handlers make when tracing is off; the tracing middleware and the SDK's sampling
+decision for an unsampled request (1 % sampler); and a sampled request's five gateway spans
+built, then also handed to a batch processor, then also encoded as OTLP protobuf.
 Writes bench/results/tracing_cost.json. Loopback only; about 15 s per mode and round.
 """
 
@@ -132,14 +138,105 @@ def run_exactly(service: Service, request: Any, requests: int, concurrency: int)
     )
 
 
+def _handler_calls() -> None:
+    """What the gateway's handlers call on the request's trace, in order (service.py, app.py)."""
+    from runtime.tracing import REQUEST_TRACE
+
+    trace = REQUEST_TRACE.get()
+    trace.since_start("receive and validate")
+    with trace.span("cache lookup"):
+        pass
+    queued = trace.start("queue wait")
+    queued.propagate("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    queued.end()
+    with REQUEST_TRACE.get().span("encode response"):
+        pass
+
+
+def in_process_parts(n: int = 20_000) -> dict[str, float]:
+    """CPU µs per request of each part of tracing, measured in this process (over what an
+    ASGI app that only answers costs)."""
+    import asyncio
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+
+    from producer.instrument import RequestTracing
+    from runtime.otel import OtelTracer
+
+    class Encode(SpanExporter):
+        def __init__(self, encode: bool) -> None:
+            self.encode = encode
+
+        def export(self, spans: Any) -> SpanExportResult:
+            if self.encode:
+                encode_spans(spans).SerializeToString()
+            return SpanExportResult.SUCCESS
+
+    async def bare(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200})
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        _handler_calls()
+        await send({"type": "http.response.start", "status": 200})
+
+    async def nothing(*_: Any) -> Any:
+        return {}
+
+    scope = {"type": "http", "path": "/v2/models/digits/infer", "method": "POST", "headers": []}
+
+    def cpu_us(asgi: Any, provider: TracerProvider | None = None) -> float:
+        async def loop() -> None:
+            for _ in range(n):
+                await asgi(scope, nothing, nothing)
+
+        started = time.process_time()
+        asyncio.run(loop())
+        if provider is not None:
+            provider.force_flush()
+        return (time.process_time() - started) / n * 1e6
+
+    def traced(ratio: float, exporter: SpanExporter | None) -> tuple[Any, TracerProvider]:
+        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(ratio)))
+        if exporter is not None:
+            # A queue that holds every span: none is dropped, so all are counted.
+            batch = BatchSpanProcessor(exporter, max_queue_size=6 * n, schedule_delay_millis=200)
+            provider.add_span_processor(batch)
+        return RequestTracing(app, OtelTracer(provider)), provider
+
+    baseline = cpu_us(bare)  # the loop and an app that only answers: subtracted from each
+    parts = {"off: the handlers' calls (no middleware)": cpu_us(app) - baseline}
+    for name, ratio, exporter in [
+        ("1 %: middleware and sampling decision (spans not exported)", 0.01, None),
+        ("100 %: five spans built, no processor", 1.0, None),
+        ("100 %: built and batched (export dropped)", 1.0, Encode(False)),
+        ("100 %: built, batched and encoded as OTLP protobuf", 1.0, Encode(True)),
+    ]:
+        asgi, provider = traced(ratio, exporter)
+        parts[name] = cpu_us(asgi, provider) - baseline
+        provider.shutdown()
+    return parts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--parts-only", action="store_true")
     args = parser.parse_args(argv)
     command = "python bench/tracing_cost.py " + " ".join(argv or sys.argv[1:])
     wait_for_quiet()
+    parts = in_process_parts()
+    print(markdown_table(["in this process", "CPU µs/request"], [[k, v] for k, v in parts.items()]))
+    if args.parts_only:
+        return 0
     rows: list[dict[str, Any]] = []
     for round_ in range(1, args.rounds + 1):
         for mode in MODES:
@@ -199,7 +296,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{table}\n\n{summary}\n\ngit {git_revision()}; command: {command}")
     save(
         "tracing_cost",
-        {"git": git_revision(), "command": command, "machine": machine(), "rows": rows},
+        {
+            "git": git_revision(),
+            "command": command,
+            "machine": machine(),
+            "parts_us": parts,
+            "rows": rows,
+        },
     )
     return 0
 
