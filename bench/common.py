@@ -24,6 +24,7 @@ from inferq.redisserver import RedisServer, free_port
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
 from loadgen.http import run as run_loop
+from loadgen.loop import LoadOptions
 from loadgen.open import run_open_loop
 from loadgen.result import LoadResult
 
@@ -256,12 +257,14 @@ def closed_loop(
     """A closed-loop run against ``service`` (on uvloop, in this process)."""
     return run_loop(
         run_closed_loop(
-            service.url + request.path,
-            concurrency=concurrency,
-            duration_s=duration_s,
-            requests=request,
-            warmup_s=warmup_s,
-            timeout_s=timeout_s,
+            LoadOptions(
+                service.url + request.path,
+                duration_s=duration_s,
+                requests=request,
+                warmup_s=warmup_s,
+                timeout_s=timeout_s,
+            ),
+            concurrency,
         )
     )
 
@@ -280,12 +283,14 @@ def open_loop(
     """An open-loop (Poisson) run against ``service`` (on uvloop, in this process)."""
     return run_loop(
         run_open_loop(
-            service.url + request.path,
-            rate=rate,
-            duration_s=duration_s,
-            requests=request,
-            warmup_s=warmup_s,
-            timeout_s=timeout_s,
+            LoadOptions(
+                service.url + request.path,
+                duration_s=duration_s,
+                requests=request,
+                warmup_s=warmup_s,
+                timeout_s=timeout_s,
+            ),
+            rate,
             max_connections=max_connections,
             seed=seed,
         )

@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import DIGITS_SAMPLES, ROOT, Service, calls_between, command_calls, machine, save
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPConnection, PreparedRequest
+from loadgen.loop import LoadOptions
 
 SAMPLES = DIGITS_SAMPLES
 HEADERS = {"content-type": "application/json"}
@@ -106,7 +107,7 @@ def main() -> None:
             before = command_calls(svc.redis.url)
             r = asyncio.run(
                 run_closed_loop(
-                    url, concurrency=c, duration_s=args.duration, requests=request, warmup_s=1.0
+                    LoadOptions(url, duration_s=args.duration, requests=request, warmup_s=1.0), c
                 )
             )
             calls = calls_between(before, command_calls(svc.redis.url))

@@ -33,6 +33,7 @@ from bench.common import Service, machine, save, wait_for_quiet
 from bench.minilm import build, requests
 from loadgen.closed import run_closed_loop
 from loadgen.http import run as run_loop
+from loadgen.loop import LoadOptions
 
 TOKEN = "bench-hotswap-token"
 
@@ -114,14 +115,14 @@ def main() -> None:
             async def load() -> Any:
                 window_start.set()
                 started = time.monotonic()
-                result = await run_closed_loop(
+                options = LoadOptions(
                     svc.url,
                     requests=requests(),
-                    concurrency=args.concurrency,
                     duration_s=args.duration,
                     warmup_s=warmup_s,
                     timeout_s=60.0,
                 )
+                result = await run_closed_loop(options, args.concurrency)
                 return result, started
 
             result, loop_started = run_loop(load())

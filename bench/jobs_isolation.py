@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import DIGITS_SAMPLES, Service, machine, save
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPConnection, PreparedRequest
+from loadgen.loop import LoadOptions
 
 SAMPLES = DIGITS_SAMPLES
 HEADERS = {"content-type": "application/json"}
@@ -101,7 +102,7 @@ def main() -> None:
         url = f"{svc.url}/v2/models/digits/infer"
         idle = asyncio.run(
             run_closed_loop(
-                url, concurrency=args.concurrency, duration_s=args.duration, requests=sync
+                LoadOptions(url, duration_s=args.duration, requests=sync), args.concurrency
             )
         )
         pid = worker_pid(svc.redis.url)
@@ -115,11 +116,8 @@ def main() -> None:
         resumed = datetime.now(UTC)
         busy = asyncio.run(
             run_closed_loop(
-                url,
-                concurrency=args.concurrency,
-                duration_s=args.duration,
-                requests=sync,
-                warmup_s=0.0,
+                LoadOptions(url, duration_s=args.duration, requests=sync, warmup_s=0.0),
+                args.concurrency,
             )
         )
         window_end = datetime.now(UTC)

@@ -37,6 +37,7 @@ from bench.common import ROOT, Service, machine, save, wait_for_quiet
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
 from loadgen.http import run as run_loop
+from loadgen.loop import LoadOptions
 
 SENTENCES = (ROOT / "bench" / "data" / "sentences.txt").read_text().splitlines()
 MAX_CALLS = 100_000
@@ -141,12 +142,14 @@ def main() -> None:
         with Service("--model-repository", str(repo), "--models", "minilm") as svc:
             r = run_loop(
                 run_closed_loop(
-                    svc.url,
-                    requests=requests(),
-                    concurrency=args.concurrency,
-                    duration_s=args.duration,
-                    warmup_s=3.0,
-                    timeout_s=60.0,
+                    LoadOptions(
+                        svc.url,
+                        requests=requests(),
+                        duration_s=args.duration,
+                        warmup_s=3.0,
+                        timeout_s=60.0,
+                    ),
+                    args.concurrency,
                 )
             )
         results["system"] = {

@@ -3,6 +3,7 @@
 ``SET {ns}:worker:{id}`` (with a TTL) holds the models it serves; ``ZADD {ns}:workers`` scores it
 with the Redis-clock time its heartbeat expires, so anyone can list live workers with one
 ``ZRANGEBYSCORE``; ``HSET {ns}:models`` keeps each model's last metadata for when no worker is up.
+Each beat also reads Redis's ``maxmemory-policy`` (``runtime.eviction``).
 """
 
 from __future__ import annotations
@@ -11,12 +12,14 @@ import asyncio
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from protocol.keys import Keys
 from protocol.registry import WorkerInfo
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
 from runtime.connections import RedisClock
+from runtime.eviction import EvictionCheck
+from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.worker")
 
@@ -31,6 +34,8 @@ class Advertiser:
         *,
         interval_s: float,
         ttl_s: float,
+        eviction: EvictionCheck | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._redis = redis
         self._keys = keys
@@ -38,6 +43,8 @@ class Advertiser:
         self._clock = clock
         self._interval_s = interval_s
         self._ttl_ms = int(ttl_s * 1000)
+        self._eviction = eviction
+        self._backoff = backoff or Backoff("heartbeat", log, critical=False)
 
     async def publish(self) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -49,6 +56,8 @@ class Advertiser:
         await pipe.execute()
 
     async def run(self) -> None:
+        """Every ``interval_s``: publish, and check Redis's eviction policy; every 30 beats
+        resynchronise the Redis clock. A failed beat is retried sooner, with backoff."""
         beats = 0
         while not cancelling():
             await asyncio.sleep(self._interval_s)
@@ -56,9 +65,13 @@ class Advertiser:
                 if beats % 30 == 0:
                     await self._clock.sync(self._redis)
                 await self.publish()
+                if self._eviction is not None:
+                    await self._eviction.refresh(self._redis)
                 beats += 1
-            except (RedisError, OSError) as e:
-                log.warning("heartbeat failed", error=str(e))
+            except RETRYABLE as e:
+                await self._backoff.failed(e)
+                continue
+            self._backoff.succeeded()
 
     async def withdraw(self) -> None:
         pipe = self._redis.pipeline(transaction=False)

@@ -22,20 +22,20 @@ from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from consumer.backends import Backend, BackendError
-from consumer.batcher import BatchPolicy
 from consumer.repository import ModelConfig, RepositoryError, load_config
 from protocol import ProtocolError
 from protocol.control import COMMAND_FIELD, Command, LoadReport, Op, VersionPolicy
 from protocol.envelope import decode_hash
 from protocol.keys import Keys
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
+from runtime.faults import RETRYABLE
 
 if TYPE_CHECKING:
     from consumer.model import ServedModel
-    from consumer.worker import ModelSlot
+    from consumer.slots import ModelSlots
 
 log = structlog.get_logger("inferq.worker")
 
@@ -54,18 +54,20 @@ class ModelControl:
         reader: aioredis.Redis,
         keys: Keys,
         repository: Path,
-        slots: dict[str, ModelSlot],
+        models: ModelSlots,
         now_ms: Callable[[], int],
         republish: Callable[[], Awaitable[None]],
         block_ms: int,
         retire_after_s: float,
+        backoff: Backoff | None = None,
     ) -> None:
         self.worker_id = worker_id
         self._redis = redis
         self._reader = reader
         self._keys = keys
         self._repository = repository
-        self._slots = slots
+        self._models = models
+        self._backoff = backoff or Backoff("control", log, critical=False)
         self._now_ms = now_ms
         self._republish = republish
         self._block_ms = block_ms
@@ -103,10 +105,10 @@ class ModelControl:
         gateway preparing a change counts it from now on): take part in the change that was
         being prepared when it started, and apply every command sent while it loaded. Otherwise
         a worker starting mid-change could be handed requests for a version it lacks."""
-        for model, command in self._in_flight.items():
-            slot = self._slots.get(model)
-            if slot is not None:
-                await self._prepare(slot, command)
+        for name, command in self._in_flight.items():
+            model = self._models.model(name)
+            if model is not None:
+                await self._prepare(model, command)
         self._in_flight = {}
         while True:
             reply: Any = await self._redis.xread({self._keys.control: self._last_id}, count=16)
@@ -119,23 +121,19 @@ class ModelControl:
 
     async def report_started(self) -> None:
         """The model-status line of every model at start, so ``inferq models status`` shows it."""
-        for slot in self._slots.values():
-            model = slot.model
+        for model in self._models.models():
             await self._report(self._line(model, self._generation.get(model.name, 0)), "")
 
     async def run(self) -> None:
-        backoff = 0.05
         while not cancelling():
             try:
                 reply: Any = await self._reader.xread(
                     {self._keys.control: self._last_id}, count=16, block=self._block_ms
                 )
-                backoff = 0.05
-            except (RedisError, OSError) as e:
-                log.warning("control stream read failed, retrying", error=str(e))
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
+            except RETRYABLE as e:
+                await self._backoff.failed(e)
                 continue
+            self._backoff.succeeded()
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     self._last_id = entry_id.decode()
@@ -152,20 +150,20 @@ class ModelControl:
         except ProtocolError as e:
             log.warning("ignoring a control command", error=str(e))
             return
-        slot = self._slots.get(command.model)
-        if slot is not None:
+        model = self._models.model(command.model)
+        if model is not None:
             try:
                 if command.op is Op.PREPARE:
-                    await self._prepare(slot, command)
+                    await self._prepare(model, command)
                 elif command.op is Op.COMMIT:
-                    await self._commit(slot, command.policy)
+                    await self._commit(model, command.policy)
                 else:
-                    await self._abort(slot, command.policy)
-            except (RedisError, OSError) as e:
+                    await self._abort(model, command.policy)
+            except RETRYABLE as e:
                 log.warning("control command not fully applied", op=command.op, error=str(e))
 
-    async def _prepare(self, slot: ModelSlot, command: Command) -> None:
-        model, policy = slot.model, command.policy
+    async def _prepare(self, model: ServedModel, command: Command) -> None:
+        policy = command.policy
         started = time.perf_counter()
         try:
             # No versions: as the repository config says (it may name a new version now).
@@ -222,8 +220,7 @@ class ModelControl:
             model.stage(version, backend)
         return list(loaded)
 
-    async def _commit(self, slot: ModelSlot, policy: VersionPolicy) -> None:
-        model = slot.model
+    async def _commit(self, model: ServedModel, policy: VersionPolicy) -> None:
         if policy.generation <= self._generation.get(model.name, -1):
             return
         generation, config = self._prepared.pop(model.name, (None, None))
@@ -237,8 +234,7 @@ class ModelControl:
                 log.error("cannot serve the committed policy", model=model.name, error=str(e))
                 await self._report(self._line(model, policy.generation, error=str(e)), "")
                 return
-        model.install(config)
-        slot.policy = BatchPolicy(model.max_batch, model.flush_s)
+        self._models.install(model.name, config)
         self._generation[model.name] = policy.generation
         await self._republish()
         await self._report(self._line(model, policy.generation), "")
@@ -250,12 +246,11 @@ class ModelControl:
             generation=policy.generation,
         )
         if model.retiring:
-            task = asyncio.create_task(self._retire(slot, set(model.retiring)))
+            task = asyncio.create_task(self._retire(model, set(model.retiring)))
             self._retirements.add(task)
             task.add_done_callback(self._retirements.discard)
 
-    async def _abort(self, slot: ModelSlot, policy: VersionPolicy) -> None:
-        model = slot.model
+    async def _abort(self, model: ServedModel, policy: VersionPolicy) -> None:
         prepared = self._prepared.get(model.name)
         if prepared is not None and prepared[0] == policy.generation:
             del self._prepared[model.name]
@@ -265,18 +260,16 @@ class ModelControl:
         if dropped:
             log.info("model change aborted; standby versions unloaded", model=model.name)
 
-    async def _retire(self, slot: ModelSlot, versions: set[str]) -> None:
+    async def _retire(self, model: ServedModel, versions: set[str]) -> None:
         """Unload dropped versions once requests routed to them before the switch are done:
         after the grace period and when none is still queued here."""
         await asyncio.sleep(self._retire_after_s)
         # A rare, one-off wait: polling the dispatcher's queue beats a new event it must set.
-        while any(q.item.request.version in versions for q in slot.queue):  # noqa: ASYNC110
+        while self._models.queued_versions(model.name) & versions:  # noqa: ASYNC110
             await asyncio.sleep(0.1)
-        for backend in slot.model.take_retiring(versions):
+        for backend in model.take_retiring(versions):
             await asyncio.to_thread(backend.unload)
-        log.info(
-            "retired model versions unloaded", model=slot.model.name, versions=sorted(versions)
-        )
+        log.info("retired model versions unloaded", model=model.name, versions=sorted(versions))
 
     def _line(
         self,

@@ -15,9 +15,15 @@ once, with its help text and fixed label names. Who calls what:
   rows=sum of rows_of(request), batch_waits_s=[started - d.read_at ...],
   inference_s=outcome.infer_s)``, and per result ``observe_result(model, version, status)``.
 - ``Worker._answer_expired``: ``observe_expired(model, len(deliveries))``.
+- ``Dispatcher._drop_cancelled``, where a batch forms: ``observe_cancelled(model, count)`` for the
+  requests dropped because their callers had gone.
 - ``ResultWriter``, once the pipeline holding a result and its reply notification completed:
   ``observe_reply(model, time.monotonic() - finished_at)``, where ``finished_at`` is when the
   model call (or the expiry answer) ended; ``Outgoing`` needs to carry the model and that time.
+- ``ResultWriter``, per write step Redis refused: ``observe_write_failure(model, fault)``
+  (``runtime.faults.classify``).
+- ``Worker.start``: ``runtime.track_loops(loops.health)``; the advertiser's eviction check:
+  ``runtime.set_policy(policy, evicting)``.
 - ``Reclaimer.reclaim``, after ``XCLAIM``: ``observe_reclaimed(model, len(claimed))``, and
   ``observe_retry(model)`` for each claimed entry that will run again (not poison).
 
@@ -34,7 +40,8 @@ from wsgiref.simple_server import WSGIServer
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
 
 import runtime
-from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, new_registry
+from runtime.faults import Fault
+from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, RuntimeGauges, new_registry
 
 DEFAULT_METRICS_PORT = 9100
 """``--metrics-port`` default; 0 turns the endpoint off."""
@@ -46,6 +53,11 @@ less ``expired``, which has its own counter); else ``other``."""
 DEAD_LETTER_REASONS = ("undecodable", "poison")
 """``undecodable``: not a request message; ``poison``: delivered ``--max-deliveries`` times
 without completing (it may crash workers). Anything else is recorded as ``other``."""
+
+
+WRITE_FAILURE_REASONS = tuple(f.value for f in Fault)
+"""Values of the ``reason`` label of ``inferq_worker_write_failures_total``: the kind of Redis
+error (``runtime.faults.Fault``): oom, readonly, moved, tryagain, connection, ..."""
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:
@@ -68,6 +80,13 @@ class WorkerMetrics:
         self.expired = Counter(
             "inferq_worker_expired_total",
             "Requests dropped unrun because their deadline passed before their batch started.",
+            model,
+            registry=r,
+        )
+        self.cancelled = Counter(
+            "inferq_worker_cancelled_total",
+            "Requests dropped unrun because their callers had gone (an HTTP client hung up, a "
+            "call was cancelled) before their batch started, by model.",
             model,
             registry=r,
         )
@@ -142,6 +161,15 @@ class WorkerMetrics:
             buckets=COUNT_BUCKETS,
             registry=r,
         )
+        self.write_failures = Counter(
+            "inferq_worker_write_failures_total",
+            "Result, reply, job-transition or dead-letter writes Redis refused, by model and "
+            "reason (oom, readonly, moved, tryagain, connection, ...). Each is retried; the "
+            "entry is not acknowledged until everything it needs is stored.",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.runtime = RuntimeGauges(r)
         self.held = Gauge(
             "inferq_worker_held_entries",
             "Stream entries this worker has read and not yet acknowledged.",
@@ -189,6 +217,9 @@ class WorkerMetrics:
     def observe_expired(self, model: str, count: int = 1) -> None:
         self.expired.labels(model).inc(count)
 
+    def observe_cancelled(self, model: str, count: int = 1) -> None:
+        self.cancelled.labels(model).inc(count)
+
     def observe_dead_letter(self, model: str, reason: str) -> None:
         self.dead_lettered.labels(model, _one_of(reason, DEAD_LETTER_REASONS)).inc()
 
@@ -200,6 +231,9 @@ class WorkerMetrics:
 
     def observe_reply(self, model: str, seconds: float) -> None:
         self.reply.labels(model).observe(max(0.0, seconds))
+
+    def observe_write_failure(self, model: str, reason: str) -> None:
+        self.write_failures.labels(model, _one_of(reason, WRITE_FAILURE_REASONS)).inc()
 
 
 class MetricsServer:

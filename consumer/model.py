@@ -1,10 +1,12 @@
 """One served model: its loaded versions and how a batch of requests becomes one model call.
 
 Rows of all requests are concatenated along the batch axis, the model runs once, and each output
-is split back per request. A model that returns a different number of rows than it was given
-fails the whole batch with a clear error instead of handing rows to the wrong callers. A row the
-backend rejects as invalid input (``InvalidInput``, e.g. text that is not UTF-8) fails only its
-own request, as a client error, and the rest of the batch runs again without it.
+is split back per request. A single request with more rows than ``max_batch`` runs as several
+calls of at most ``max_batch`` rows, its outputs concatenated. A model that returns a different
+number of rows than it was given fails the whole batch with a clear error instead of handing
+rows to the wrong callers. A row the backend rejects as invalid input (``InvalidInput``, e.g.
+text that is not UTF-8) fails only its own request, as a client error, and the rest of the batch
+runs again without it.
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ class ServedModel:
             return self._fail_all(requests, worker, f"inputs do not batch together: {e}", 0.0)
         started = time.perf_counter()
         try:
-            outputs = backend.predict(inputs)
+            outputs = _predict(backend, inputs, total, self.max_batch)
         except InvalidInput as e:
             elapsed = time.perf_counter() - started
             return self._reject_row(requests, counts, e, worker, elapsed)
@@ -272,6 +274,29 @@ class ServedModel:
             ],
             elapsed,
         )
+
+
+def _predict(
+    backend: Backend, inputs: dict[str, npt.NDArray[Any]], rows: int, limit: int
+) -> dict[str, npt.NDArray[Any]]:
+    """One model call; or, for more than ``limit`` (``max_batch``) rows, which only a single
+    request larger than ``max_batch`` brings, one call per ``limit`` rows with the outputs
+    concatenated: the model never sees more rows than its ``max_batch`` allows, and the worker's
+    peak memory stays that of one such call (a 250,000-row request ran as one call before)."""
+    if rows <= limit:
+        return backend.predict(inputs)
+    parts: list[dict[str, npt.NDArray[Any]]] = []
+    for start in range(0, rows, limit):
+        chunk = {name: arr[start : start + limit] for name, arr in inputs.items()}
+        try:
+            out = backend.predict(chunk)
+        except InvalidInput as e:
+            raise InvalidInput(str(e), e.row + start) from e
+        size = min(limit, rows - start)
+        if any(arr.ndim == 0 or arr.shape[0] != size for arr in out.values()):
+            return out  # the caller reports the wrong row count
+        parts.append(out)
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
 def rows_of(request: InferRequest) -> int:

@@ -20,6 +20,10 @@ Less often (every ``HOUSEKEEPING_EVERY`` passes):
   hold no pending entries: ``XGROUP DELCONSUMER`` on a consumer with pending entries silently
   drops them.
 
+A Redis error ends a pass, and the next one comes after the interval and a backoff (the loop
+never ends on a Redis error); a stream or group that has vanished is skipped (the reader creates
+it again).
+
 Duplicate executions are possible (a worker that was only slow, not dead); duplicate replies are
 not: result keys are written only if absent and the gateway resolves each request once.
 """
@@ -28,36 +32,69 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Callable
+from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import ResponseError
 
-from protocol.keys import GROUP
+from consumer.ledger import Ledger
+from consumer.metrics import WorkerMetrics
+from consumer.slots import ModelSlots
+from protocol.keys import GROUP, Keys, next_id, text
 from runtime.aio import cancelling
-
-if TYPE_CHECKING:
-    from consumer.worker import Worker
+from runtime.backoff import Backoff
+from runtime.faults import RETRYABLE, Fault, classify
 
 log = structlog.get_logger("inferq.worker")
 
 HOUSEKEEPING_EVERY = 20
 
 
+class Intake(Protocol):
+    """Where reclaimed entries go: the worker's reader (see ``consumer.reader``)."""
+
+    def room(self, model: str) -> int: ...
+
+    def accept(
+        self,
+        stream: str,
+        entries: list[Any],
+        *,
+        deliveries: Callable[[int], int] | None = None,
+    ) -> None: ...
+
+
 class Reclaimer:
     def __init__(
         self,
         redis: aioredis.Redis,
-        worker: Worker,
         *,
+        consumer: str,
+        keys: Keys,
+        slots: ModelSlots,
+        ledger: Ledger,
+        intake: Intake,
+        now_ms: Callable[[], int],
+        metrics: WorkerMetrics,
+        max_deliveries: int,
         claim_idle_ms: int,
         interval_s: float,
+        backoff: Backoff | None = None,
     ) -> None:
         self._redis = redis
-        self._worker = worker
+        self._consumer = consumer
+        self._keys = keys
+        self._slots = slots
+        self._ledger = ledger
+        self._intake = intake
+        self._now_ms = now_ms
+        self._metrics = metrics
+        self._max_deliveries = max_deliveries
         self._claim_idle_ms = claim_idle_ms
         self._interval_s = interval_s
+        self._backoff = backoff or Backoff("reclaimer", log, critical=False)
         self.reclaimed = 0
         self.renewed = 0
         self.pruned = 0
@@ -68,76 +105,77 @@ class Reclaimer:
             await asyncio.sleep(self._interval_s)
             try:
                 await self.tick()
-            except (RedisError, OSError) as e:
-                log.warning("reclaim pass failed", error=str(e))
+            except RETRYABLE as e:
+                await self._backoff.failed(e)
+                continue
+            self._backoff.succeeded()
 
     async def tick(self) -> None:
         self._ticks += 1
         if self._ticks % HOUSEKEEPING_EVERY == 0:
-            for slot in self._worker.slots.values():
-                for stream in slot.streams:
+            for streams in self._slots.streams().values():
+                for stream in streams:
                     await self.trim(stream)
                     await self.prune(stream)
         await self.renew()
-        for name, slot in self._worker.slots.items():
-            for stream in slot.streams:
-                room = self._worker.room(name)
+        for name, streams in self._slots.streams().items():
+            for stream in streams:
+                room = self._intake.room(name)
                 if room <= 0:
                     break
                 await self.reclaim(stream, room)
 
     async def renew(self) -> None:
-        threshold = time.monotonic() - self._claim_idle_ms / 3000
-        stale: dict[str, list[bytes]] = {}
-        for (stream, entry_id), read_at in list(self._worker.held_since().items()):
-            if read_at < threshold:
-                stale.setdefault(stream, []).append(entry_id)
+        stale = self._ledger.idle_since(time.monotonic() - self._claim_idle_ms / 3000)
         for stream, ids in stale.items():
             await self._redis.xclaim(
-                stream, GROUP, self._worker.id, 0, cast(list[Any], ids), justid=True
+                stream, GROUP, self._consumer, 0, cast(list[Any], ids), justid=True
             )
             self.renewed += len(ids)
-            for entry_id in ids:
-                if (stream, entry_id) in self._worker.held_since():
-                    self._worker.held_since()[(stream, entry_id)] = time.monotonic()
+            self._ledger.renewed(stream, ids)
 
     async def reclaim(self, stream: str, room: int) -> None:
-        pending: list[dict[str, Any]] = await self._redis.xpending_range(
-            stream, GROUP, min="-", max="+", count=room, idle=self._claim_idle_ms
-        )
-        held = self._worker.held_since()
-        candidates = [p for p in pending if (stream, p["message_id"]) not in held]
+        try:
+            pending: list[dict[str, Any]] = await self._redis.xpending_range(
+                stream, GROUP, min="-", max="+", count=room, idle=self._claim_idle_ms
+            )
+        except ResponseError as e:
+            if classify(e) is Fault.MISSING:
+                return  # no stream or group (yet, or any more): nothing pending there
+            raise
+        candidates = [p for p in pending if (stream, p["message_id"]) not in self._ledger]
         if not candidates:
             return
         deliveries = {p["message_id"]: int(p["times_delivered"]) for p in candidates}
         claimed = await self._redis.xclaim(
             stream,
             GROUP,
-            self._worker.id,
+            self._consumer,
             self._claim_idle_ms,
             [p["message_id"] for p in candidates],
         )
         if not claimed:
             return
         self.reclaimed += len(claimed)
-        model = stream_model(self._worker, stream)
-        self._worker.metrics.observe_reclaimed(model, len(claimed))
-        limit = self._worker.settings.max_deliveries
+        parsed = self._keys.parse_stream(stream)
+        model = parsed[0] if parsed else ""
+        self._metrics.observe_reclaimed(model, len(claimed))
+        limit = self._max_deliveries
         retried = sum(1 for entry in claimed if deliveries.get(entry[0], 0) + 1 <= limit)
         if retried:
-            self._worker.metrics.observe_retry(model, retried)
+            self._metrics.observe_retry(model, retried)
         log.info(
             "reclaimed entries from an idle consumer",
             stream=stream,
             count=len(claimed),
-            consumers=sorted({_text(p["consumer"]) for p in candidates}),
+            consumers=sorted({text(p["consumer"]) for p in candidates}),
         )
 
         def times(i: int) -> int:
             # XCLAIM just counted one more delivery on top of what XPENDING reported.
             return deliveries.get(claimed[i][0], 0) + 1
 
-        self._worker.accept(stream, claimed, deliveries=times)
+        self._intake.accept(stream, claimed, deliveries=times)
 
     async def trim(self, stream: str) -> None:
         pipe = self._redis.pipeline(transaction=False)
@@ -147,13 +185,13 @@ class Reclaimer:
             groups, pending = await pipe.execute()
         except ResponseError:
             return  # no stream or no group yet: nothing was ever delivered
-        group = next((g for g in groups if _text(g["name"]) == GROUP), None)
+        group = next((g for g in groups if text(g["name"]) == GROUP), None)
         if group is None:
             return
-        delivered = _text(group["last-delivered-id"])
+        delivered = text(group["last-delivered-id"])
         if delivered == "0-0":
             return
-        floor = _text(pending["min"]) if pending["pending"] else _after(delivered)
+        floor = text(pending["min"]) if pending["pending"] else next_id(delivered)
         await self._redis.xtrim(stream, minid=floor, approximate=False)
 
     async def prune(self, stream: str) -> None:
@@ -161,28 +199,12 @@ class Reclaimer:
             consumers = await self._redis.xinfo_consumers(stream, GROUP)
         except ResponseError:
             return
-        live = await self._redis.zrangebyscore(
-            self._worker.keys.workers, self._worker.clock.now_ms(), "+inf"
-        )
-        alive = {_text(w) for w in cast(list[bytes], live)} | {self._worker.id}
+        live = await self._redis.zrangebyscore(self._keys.workers, self._now_ms(), "+inf")
+        alive = {text(w) for w in cast(list[bytes], live)} | {self._consumer}
         for c in consumers:
-            name = _text(c["name"])
+            name = text(c["name"])
             if name in alive or c["pending"] or c["idle"] < 10 * self._claim_idle_ms:
                 continue
             await self._redis.xgroup_delconsumer(stream, GROUP, name)
             self.pruned += 1
             log.info("removed a gone worker's consumer", stream=stream, consumer=name)
-
-
-def stream_model(worker: Worker, stream: str) -> str:
-    parsed = worker.keys.parse_stream(stream)
-    return parsed[0] if parsed else ""
-
-
-def _after(entry_id: str) -> str:
-    ms, _, seq = entry_id.partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

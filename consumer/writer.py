@@ -1,13 +1,23 @@
-"""Publishes results: one pipeline per flush for every finished request.
+"""Publishes results: one pipeline per flush for every finished request, then the acks.
 
 For each request: ``SET result_key payload PX ttl NX`` (the key serves the cache and idempotent
 redelivery, and is written only if absent), ``XADD reply_to NOMKSTREAM`` to wake the waiting
-gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), then
-``XACK``. An entry is acknowledged only after the pipeline holding its result has completed:
-acks wait up to ``ack_delay_s`` (10 ms) or until ``ACK_BATCH`` have gathered, then ride along
-with the next flush's writes, or go alone. Acks are not on any caller's critical path, and
-batching them keeps Redis commands per request low. Flushes coalesce too: results finished
-while one pipeline is in flight go out together in the next.
+gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), the job
+record's transition, or the dead letter. Flushes coalesce: results finished while one pipeline is
+in flight go out together in the next.
+
+Acknowledged entries leave their stream at once: a trim (``consumer.trim``) rides with each
+stream's XACK (it never fails: no stream or group trims nothing).
+
+Nothing is acknowledged that is not stored. Every reply of the pipeline is checked: a step Redis
+refused (out of memory, READONLY, MOVED, TRYAGAIN, a lost connection) is retried, alone, with
+backoff, and the entry stays pending meanwhile; steps that succeeded are not repeated. Only when
+all of an entry's steps are stored does the ledger let it be acknowledged. Acks wait up to
+``ack_delay_s`` (10 ms) or until ``ACK_BATCH`` have gathered, then ride along with the next
+flush's writes, or go alone. A step refused for good (not one of the transient faults) is tried
+``MAX_PERMANENT_TRIES`` times, then the entry is let go unacknowledged: it stays pending, another
+worker reclaims it, and after ``--max-deliveries`` it is dead-lettered. Every refusal is counted
+in ``inferq_worker_write_failures_total``.
 """
 
 from __future__ import annotations
@@ -15,187 +25,255 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
 from redis.commands.core import AsyncScript
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from consumer.ledger import Entry, Ledger
 from consumer.metrics import WorkerMetrics
-from protocol.jobs import JobStatus
-from protocol.keys import GROUP
-from protocol.messages import FIELD
+from consumer.outgoing import Outgoing
+from consumer.trim import TRIM_SCRIPT
+from protocol.keys import DLQ_MAXLEN, GROUP, JOB_EVENTS_MAXLEN
+from protocol.messages import FIELD, JOB_EVENT_FIELD
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
+from runtime.faults import RETRYABLE, TRANSIENT, Fault, classify
 from runtime.tracing import Tracer
 
 log = structlog.get_logger("inferq.worker")
 
-DLQ_MAXLEN = 100_000
-JOB_EVENTS_MAXLEN = 100_000
-"""Gateways read job events as they come; the stream only needs to cover a reconnect."""
 ACK_BATCH = 256
 """Acknowledge at once when this many entries wait for their XACK."""
+MAX_PERMANENT_TRIES = 3
 
 
-@dataclass(frozen=True, slots=True)
-class JobUpdate:
-    """Move a job record from one status to another (atomically, see ``protocol.jobs``),
-    refresh its TTL, and announce it on the job events stream."""
+@dataclass(slots=True)
+class _Write:
+    """An entry being stored: which of its steps are done, and how often a step was refused
+    for a reason that does not go away by waiting."""
 
-    key: str
-    job_id: str
-    required: JobStatus
-    args: list[str | bytes | int]
-    ttl_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Outgoing:
-    """One finished stream entry: what to store and whom to wake before acknowledging it."""
-
-    stream: str
-    entry_id: bytes
-    payload: bytes | None
-    """The encoded result; None only acknowledges the entry (it was deleted from the stream)."""
-    result_key: str | None = None
-    ttl_ms: int = 0
-    reply_to: str | None = None
-    job: JobUpdate | None = None
-    dead_letter: str | None = None
-    """A dead-letter stream to copy the raw entry to (undecodable or poison entries)."""
-    reason: str = ""
-    raw: bytes | None = None
-    """The entry's original payload, for the dead-letter stream."""
-    model: str = ""
-    finished_at: float = 0.0
-    """When the model call (or the expiry answer) ended, monotonic: the reply-stage clock."""
-    traceparent: str | None = None
-    """The request's trace context, for its *result write* span when tracing is on."""
+    out: Outgoing
+    done: set[str] = field(default_factory=set)
+    permanent_failures: int = 0
 
 
 class ResultWriter:
     def __init__(
         self,
         redis: aioredis.Redis,
+        ledger: Ledger,
         *,
         job_events: str = "",
         transition: AsyncScript | None = None,
-        on_written: Callable[[list[Outgoing]], None] | None = None,
         metrics: WorkerMetrics | None = None,
+        backoff: Backoff | None = None,
         tracer: Tracer | None = None,
         ack_delay_s: float = 0.01,
-        max_backoff_s: float = 1.0,
     ) -> None:
         self._redis = redis
+        self._ledger = ledger
         self._job_events = job_events
         self._transition = transition
-        self._on_written = on_written
+        self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
         self._metrics = metrics
         self._tracer = tracer if tracer is not None and tracer.enabled else None
-        self._queue: list[Outgoing] = []
-        self._unacked: list[Outgoing] = []
+        self._backoff = backoff or Backoff("writer", log)
+        self._queue: list[_Write] = []
+        self._unacked: list[Entry] = []
         self._ack_delay_s = ack_delay_s
         self._ack_due = 0.0
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self._max_backoff_s = max_backoff_s
         self.flushes = 0
+        self.failures = 0
+        """Steps Redis refused (each is retried)."""
 
     def put(self, items: list[Outgoing]) -> None:
         if items:
-            self._queue.extend(items)
+            self._queue.extend(_Write(out) for out in items)
             self._idle.clear()
             self._ready.set()
 
     async def wait_idle(self) -> None:
-        """Until everything put so far is written and acknowledged."""
+        """Until everything put so far is stored and acknowledged."""
         await self._idle.wait()
 
     async def run(self) -> None:
-        backoff = 0.05
         while not cancelling():
-            if not self._queue:
-                if self._unacked:
-                    wait = self._ack_due - time.monotonic()
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(max(0.0, wait)):
-                            await self._ready.wait()
-                else:
-                    await self._ready.wait()
+            await self._wait_for_work()
             batch, self._queue = self._queue, []
             self._ready.clear()
-            acks: list[Outgoing] = []
+            acks: list[Entry] = []
             if len(self._unacked) >= ACK_BATCH or time.monotonic() >= self._ack_due:
                 acks, self._unacked = self._unacked, []
-            while not cancelling():
-                try:
-                    await self._write(batch, acks)
-                    backoff = 0.05
-                    break
-                except (RedisConnectionError, RedisTimeoutError, OSError) as e:
-                    log.warning("results not written, retrying", error=str(e), backoff_s=backoff)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, self._max_backoff_s)
-            if self._metrics is not None:
-                now = time.monotonic()
-                for out in batch:
-                    if out.finished_at:
-                        self._metrics.observe_reply(out.model, now - out.finished_at)
-            if self._tracer is not None:
-                now = time.monotonic()
-                for out in batch:
-                    if out.finished_at:
-                        self._tracer.result_written(out.traceparent, out.finished_at, now)
-            if acks and self._on_written is not None:
-                self._on_written(acks)
-            if batch:
-                if not self._unacked:
-                    self._ack_due = time.monotonic() + self._ack_delay_s
-                self._unacked.extend(batch)
+            try:
+                refused = await self.flush(batch, acks)
+            except RETRYABLE as e:  # the pipeline as a whole: nothing is known to be stored
+                self._count_failures(batch, e)
+                self._queue[:0] = batch
+                self._unacked[:0] = acks
+                await self._backoff.failed(e)
+                continue
+            if refused is None:
+                self._backoff.succeeded()
+            else:
+                await self._backoff.failed(refused)
             if not self._queue and not self._unacked:
                 self._idle.set()
 
-    async def _write(self, batch: list[Outgoing], written_before: list[Outgoing]) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        for out in batch:
-            if out.dead_letter is not None:
-                pipe.xadd(
-                    out.dead_letter,
-                    {
-                        b"stream": out.stream,
-                        b"id": out.entry_id,
-                        b"reason": out.reason,
-                        FIELD: out.raw or b"",
-                    },
-                    maxlen=DLQ_MAXLEN,
-                    approximate=True,
-                )
-            if out.payload is not None:
-                if out.result_key:
-                    pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
-                if out.reply_to:
-                    pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
-            if out.job is not None:
-                assert self._transition is not None
-                job = out.job
-                await self._transition(
-                    keys=[job.key], args=[job.required.value, *job.args], client=pipe
-                )
-                pipe.pexpire(job.key, max(1, job.ttl_ms))
-                pipe.xadd(
-                    self._job_events,
-                    {b"job": job.job_id},
-                    maxlen=JOB_EVENTS_MAXLEN,
-                    approximate=True,
-                )
-        acks: dict[str, list[bytes]] = {}
-        for out in written_before:
-            acks.setdefault(out.stream, []).append(out.entry_id)
-        for stream, ids in acks.items():
-            pipe.xack(stream, GROUP, *ids)
-        await pipe.execute(raise_on_error=False)
+    async def _wait_for_work(self) -> None:
+        if self._queue:
+            return
+        if self._unacked:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, self._ack_due - time.monotonic())):
+                    await self._ready.wait()
+        else:
+            await self._ready.wait()
+
+    async def flush(self, batch: list[_Write], acks: list[Entry]) -> BaseException | None:
+        """Store what ``batch`` still needs and acknowledge ``acks`` in one pipeline; check each
+        reply. Writes not fully stored go back on the queue; the first transient refusal is
+        returned (the caller backs off). Raises what the pipeline as a whole raised."""
+        steps: list[tuple[_Write, str, int]] = []  # (write, step, replies it takes)
+        by_stream: dict[str, list[bytes]] = {}
+        ack_replies: dict[str, int] = {}  # stream -> where its XACK's reply is
+        # As a context manager: redis-py keeps the connection when loading the job script
+        # fails (Redis down), unless the pipeline is reset.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for write in batch:
+                for step, count in await self._queue_steps(pipe, write):
+                    steps.append((write, step, count))
+            for stream, entry_id in self._ledger.ackable(acks):
+                by_stream.setdefault(stream, []).append(entry_id)
+            for stream, ids in by_stream.items():
+                ack_replies[stream] = len(pipe)
+                pipe.xack(stream, GROUP, *ids)
+                # The payloads just acknowledged leave Redis now, not at the next periodic trim.
+                await self._trim(keys=[stream], args=[GROUP], client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
         self.flushes += 1
+        refused = self._check_steps(steps, replies)
+        self._check_acks(by_stream, [replies[ack_replies[stream]] for stream in by_stream])
+        self._finish(batch)
+        return refused
+
+    async def _queue_steps(self, pipe: Any, write: _Write) -> list[tuple[str, int]]:
+        """Queue the commands of the steps this write has not done yet."""
+        out, queued = write.out, []
+        if out.dead_letter is not None and "dead_letter" not in write.done:
+            fields: Any = out.letter().to_fields()
+            pipe.xadd(out.dead_letter, fields, maxlen=DLQ_MAXLEN, approximate=True)
+            queued.append(("dead_letter", 1))
+        if out.payload is not None and out.result_key and "result" not in write.done:
+            pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
+            queued.append(("result", 1))
+        if out.payload is not None and out.reply_to and "reply" not in write.done:
+            pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
+            queued.append(("reply", 1))
+        if out.job is not None and "job" not in write.done:
+            assert self._transition is not None
+            job = out.job
+            await self._transition(
+                keys=[job.key], args=[job.required.value, *job.args], client=pipe
+            )
+            pipe.pexpire(job.key, max(1, job.ttl_ms))
+            pipe.xadd(
+                self._job_events,
+                {JOB_EVENT_FIELD: job.job_id},
+                maxlen=JOB_EVENTS_MAXLEN,
+                approximate=True,
+            )
+            queued.append(("job", 3))
+        return queued
+
+    def _check_steps(
+        self, steps: list[tuple[_Write, str, int]], replies: list[Any]
+    ) -> BaseException | None:
+        refused: BaseException | None = None
+        i = 0
+        for write, step, count in steps:
+            errors = [r for r in replies[i : i + count] if isinstance(r, Exception)]
+            i += count
+            if not errors:
+                write.done.add(step)
+                continue
+            error = errors[0]
+            fault = classify(error)
+            self.failures += 1
+            if self._metrics is not None:
+                self._metrics.observe_write_failure(write.out.model, fault.value)
+            if fault in TRANSIENT:
+                refused = refused or error
+            else:
+                write.permanent_failures += 1
+                log.error(
+                    "Redis refused a result write",
+                    step=step,
+                    stream=write.out.stream,
+                    entry=write.out.entry_id,
+                    error=str(error),
+                    tries=write.permanent_failures,
+                )
+        return refused
+
+    def _check_acks(self, by_stream: dict[str, list[bytes]], replies: list[Any]) -> None:
+        for (stream, ids), reply in zip(by_stream.items(), replies, strict=True):
+            entries = [(stream, i) for i in ids]
+            if isinstance(reply, Exception) and classify(reply) is not Fault.MISSING:
+                self._unacked.extend(entries)  # stored, so acknowledge again later
+                continue
+            # A group or stream gone from Redis holds nothing to acknowledge any more.
+            self._ledger.acknowledged(entries)
+
+    def _finish(self, batch: list[_Write]) -> None:
+        now = time.monotonic()
+        for write in batch:
+            out = write.out
+            if _complete(write):
+                self._ledger.stored(out.entry)
+                if not self._unacked:
+                    self._ack_due = now + self._ack_delay_s
+                self._unacked.append(out.entry)
+                if self._metrics is not None and out.finished_at:
+                    self._metrics.observe_reply(out.model, now - out.finished_at)
+                if self._tracer is not None and out.finished_at:
+                    self._tracer.result_written(out.traceparent, out.finished_at, now)
+            elif write.permanent_failures >= MAX_PERMANENT_TRIES:
+                log.error(
+                    "giving up on storing a result; the entry stays pending for another worker "
+                    "to reclaim (and dead-letter, if it keeps failing)",
+                    stream=out.stream,
+                    entry=out.entry_id,
+                )
+                self._ledger.abandon(out.entry)
+            else:
+                self._queue.append(write)
+
+    def _count_failures(self, batch: list[_Write], error: BaseException) -> None:
+        fault = classify(error)
+        self.failures += len(batch)
+        if self._metrics is not None:
+            for write in batch:
+                self._metrics.observe_write_failure(write.out.model, fault.value)
+
+
+def _steps(out: Outgoing) -> set[str]:
+    needed = set()
+    if out.dead_letter is not None:
+        needed.add("dead_letter")
+    if out.payload is not None and out.result_key:
+        needed.add("result")
+    if out.payload is not None and out.reply_to:
+        needed.add("reply")
+    if out.job is not None:
+        needed.add("job")
+    return needed
+
+
+def _complete(write: _Write) -> bool:
+    return _steps(write.out) <= write.done

@@ -20,6 +20,7 @@ import inferq
 from consumer.settings import WorkerSettings
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
+from runtime.loops import EXIT_LOOP_FAILED
 from runtime.options import add_flags, from_args
 
 EXIT_OK = 0
@@ -87,6 +88,7 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     import uvicorn
 
     from producer.app import create_app
+    from producer.server import server_config
     from producer.settings import GatewaySettings
     from runtime.logging import configure
 
@@ -94,21 +96,27 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     if not _start_tracing("gateway", environ):
         return EXIT_USAGE
     settings: GatewaySettings = from_args(GatewaySettings, args)
-    uvicorn.run(
-        create_app(settings),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        lifespan="on",
-        timeout_graceful_shutdown=10,
-    )
+    app = create_app(settings)
+    server = uvicorn.Server(server_config(app, settings))
+    gateway = app.state.gateway
+
+    def stop_server() -> None:
+        server.should_exit = True
+
+    gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
+    server.run()
+    if gateway.failure is not None:
+        print(
+            f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
+            file=sys.stderr,
+        )
+        return EXIT_LOOP_FAILED
     return EXIT_OK
 
 
 def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     from consumer.repository import RepositoryError
-    from consumer.worker import MetricsPortError, Worker
+    from consumer.worker import LoopCrashed, MetricsPortError, Worker
     from runtime.logging import configure
 
     configure(args.log_level)
@@ -137,6 +145,9 @@ def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ
     except (RepositoryError, MetricsPortError) as e:
         print(f"inferq worker: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except LoopCrashed as e:
+        print(f"inferq worker: {e}; exiting so that a supervisor restarts it", file=sys.stderr)
+        return EXIT_LOOP_FAILED
     return EXIT_OK
 
 

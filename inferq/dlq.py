@@ -19,8 +19,9 @@ from typing import Any, cast
 import redis
 
 from protocol import ProtocolError
+from protocol.deadline import deadline_after
 from protocol.keys import Keys
-from protocol.messages import FIELD, InferRequest
+from protocol.messages import FIELD, DeadLetter, InferRequest
 from runtime.connections import redact
 from runtime.settings import connection_flags
 
@@ -62,14 +63,15 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
 
 
 def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    letter = DeadLetter.from_fields(fields)
     doc: dict[str, Any] = {
         "id": entry_id.decode(),
-        "stream": fields.get(b"stream", b"").decode(),
-        "entry": fields.get(b"id", b"").decode(),
-        "reason": fields.get(b"reason", b"").decode(errors="replace"),
+        "stream": letter.stream,
+        "entry": letter.entry_id,
+        "reason": letter.reason,
     }
     try:
-        request = InferRequest.decode(fields.get(FIELD, b""))
+        request = InferRequest.decode(letter.payload)
     except ProtocolError as e:
         doc["request"] = None
         doc["undecodable"] = str(e)
@@ -153,8 +155,8 @@ def _run(r: redis.Redis, keys: Keys, args: argparse.Namespace) -> int:
         now_ms = int(r.time()[0]) * 1000
         replayed = 0
         for entry_id, fields in entries:
-            payload = fields.get(FIELD, b"")
-            target = fields.get(b"stream", b"").decode()
+            letter = DeadLetter.from_fields(fields)
+            payload, target = letter.payload, letter.stream
             if keys.parse_stream(target) is None:
                 print(f"  {entry_id.decode()}: no original stream recorded; skipped")
                 continue
@@ -164,7 +166,7 @@ def _run(r: redis.Redis, keys: Keys, args: argparse.Namespace) -> int:
                 except ProtocolError as e:
                     print(f"  {entry_id.decode()}: undecodable ({e}); skipped")
                     continue
-                deadline = now_ms + int(args.extend_deadline_s * 1000)
+                deadline = deadline_after(now_ms, args.extend_deadline_s * 1000)
                 payload = replace(request, deadline_ms=deadline).encode()
             pipe = r.pipeline(transaction=True)
             pipe.xadd(target, {FIELD: payload})

@@ -26,6 +26,10 @@ Models come from the ``{ns}:models`` hash (every model a worker ever served) and
 round trips: discovery, one pipeline of ``TIME``, the workers zset and four commands per stream,
 and ``XINFO STREAM`` only for streams whose lag Redis could not give.
 
+Above the table, a warning when Redis's ``maxmemory-policy`` may evict inferq's keys (any
+``allkeys-*`` or ``volatile-*``: accepted requests, job records and results can vanish); the JSON
+output carries the policy under ``redis``.
+
 This module also holds the subcommand (``add_parser`` and ``run``); ``inferq.cli`` registers it.
 """
 
@@ -43,6 +47,7 @@ from redis.exceptions import RedisError
 
 from protocol.keys import GROUP, Keys, Lane
 from runtime.argtypes import non_negative_float, non_negative_int, positive_float
+from runtime.eviction import is_evicting, read_policy, warning
 from runtime.lag import (
     Drain,
     DrainEstimator,
@@ -107,10 +112,13 @@ def render_table(
     dlq: Mapping[str, int],
     *,
     threshold: int | None = None,
+    policy: str | None = None,
 ) -> str:
-    """The terminal view: one row per model and lane, then notes."""
+    """The terminal view: one row per model and lane, then notes (and a warning first when
+    Redis's ``maxmemory-policy`` may evict inferq's keys)."""
+    alarm = f"WARNING: {warning(policy)}\n" if policy and is_evicting(policy) else ""
     if not lanes:
-        return (
+        return alarm + (
             f"no models in namespace '{namespace}' (no {namespace}:models hash and no "
             f"{namespace}:stream:* keys): check --namespace and --redis\n"
         )
@@ -161,7 +169,7 @@ def render_table(
             f"backlog above {threshold}: {m.model} has {m.backlog} "
             f"(lag {m.lag} + pending {m.pending})"
         )
-    return "\n".join([head, *lines, *notes]) + "\n"
+    return alarm + "\n".join([head, *lines, *notes]) + "\n"
 
 
 def to_json(
@@ -171,6 +179,7 @@ def to_json(
     dlq: Mapping[str, int],
     *,
     threshold: int | None = None,
+    policy: str | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` document (one per refresh, one line each with ``--watch``)."""
     models = by_model(lanes, dlq)
@@ -218,6 +227,11 @@ def to_json(
         ],
         "fail_above": threshold,
         "above": [m.model for m in above(models, threshold)],
+        "redis": {
+            "maxmemory_policy": policy,
+            "evicting": bool(policy and is_evicting(policy)),
+            "warning": warning(policy) if policy and is_evicting(policy) else None,
+        },
     }
 
 
@@ -301,11 +315,16 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
                 lanes = await collect(client, keys, models=sorted({r.model for r in lanes}))
                 drains = estimator.update(lanes)
             dlq = await dead_letters(client, keys, (r.model for r in lanes))
+            policy = await read_policy(client)
             if args.json:
-                doc = to_json(args.namespace, lanes, drains, dlq, threshold=args.fail_above)
+                doc = to_json(
+                    args.namespace, lanes, drains, dlq, threshold=args.fail_above, policy=policy
+                )
                 out.write(json.dumps(doc, separators=(",", ":")) + "\n")
             else:
-                table = render_table(args.namespace, lanes, drains, dlq, threshold=args.fail_above)
+                table = render_table(
+                    args.namespace, lanes, drains, dlq, threshold=args.fail_above, policy=policy
+                )
                 out.write(("\x1b[H\x1b[2J" if interactive else "") + table)
                 if args.watch and not interactive:
                     out.write("\n")

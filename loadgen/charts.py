@@ -1,167 +1,48 @@
-"""Chart descriptions shared by the HTML (SVG) and PNG renderers: what to draw, not how.
+"""The run's three charts, drawn with matplotlib: the optional extra ``inferq[charts]``.
 
-:func:`charts_for` turns a :class:`~loadgen.result.LoadResult` into three :class:`Chart`\\ s:
-latency over time (P50 and P99 per second), throughput over time (2xx and errors per second),
-and the latency histogram (log-spaced bins, with P50/P99 markers).  A chart maps data to a box
-in pixels with :meth:`Chart.to_px`; both renderers use the same layout constants, so the PNG
-and the SVG of one run look alike.
+Latency over time (P50 and P99 per second), throughput over time (2xx and errors per second), and
+the latency histogram (log-spaced bins from the HDR buckets, with P50/P99 markers). The same
+drawing serves both outputs: :func:`png_report` stacks the three in one PNG (``--png``) and
+:func:`svg_charts` gives each as an inline ``<svg>`` for the HTML report.
+
+matplotlib is imported only here and only when a chart is drawn, so loadgen runs without it:
+:func:`available` says whether it is installed, and :data:`INSTALL_HINT` what to do if not.
 """
 
 from __future__ import annotations
 
+import io
 import math
-from dataclasses import dataclass, field
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from loadgen.recorder import TimelineRow
 from loadgen.result import LoadResult
 
-__all__ = [
-    "MARGIN",
-    "Bar",
-    "Chart",
-    "Series",
-    "charts_for",
-    "format_tick",
-    "histogram_chart",
-    "latency_chart",
-    "log_ticks",
-    "nice_ticks",
-    "throughput_chart",
-]
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
 
-#: (left, top, right, bottom) margins of a chart's plot area inside its box, in pixels.
-MARGIN = (64, 30, 18, 40)
-COLORS = {
-    "p50": "#1f77b4",
-    "p99": "#d62728",
-    "ok": "#2ca02c",
-    "errors": "#d62728",
-    "bars": "#4c72b0",
-    "grid": "#e5e5e5",
-    "axis": "#333333",
-}
+__all__ = ["INSTALL_HINT", "available", "png_report", "svg_charts"]
+
+INSTALL_HINT = "charts need matplotlib: pip install 'inferq[charts]'"
+COLORS = {"p50": "#1f77b4", "p99": "#d62728", "ok": "#2ca02c", "errors": "#d62728"}
 HISTOGRAM_BINS = 60
+#: One chart's size in inches at :data:`DPI`: 760 x 280 pixels.
+CHART_SIZE = (7.6, 2.8)
+DPI = 100
+#: Deterministic SVG: no date, element ids from a fixed salt (reports diff cleanly).
+_SVG_RC: dict[str, Any] = {"svg.fonttype": "none", "svg.hashsalt": "inferq-loadgen"}
 
 
-@dataclass
-class Series:
-    label: str
-    color: str
-    points: list[tuple[float, float]]
-    dashed: bool = False
-
-
-@dataclass
-class Bar:
-    x0: float
-    x1: float
-    height: float
-
-
-@dataclass
-class Chart:
-    title: str
-    x_label: str
-    y_label: str
-    x_range: tuple[float, float]
-    y_range: tuple[float, float]
-    x_ticks: list[float]
-    y_ticks: list[float]
-    x_log: bool = False
-    lines: list[Series] = field(default_factory=list)
-    bars: list[Bar] = field(default_factory=list)
-    bar_color: str = COLORS["bars"]
-    empty_note: str | None = None
-
-    def plot_box(self, width: int, height: int) -> tuple[int, int, int, int]:
-        """(left, top, right, bottom) of the plot area in a ``width`` x ``height`` box."""
-        left, top, right, bottom = MARGIN
-        return left, top, width - right, height - bottom
-
-    def _frac_x(self, x: float) -> float:
-        lo, hi = self.x_range
-        if self.x_log:
-            x, lo, hi = math.log10(max(x, 1e-12)), math.log10(lo), math.log10(hi)
-        return 0.0 if hi == lo else (x - lo) / (hi - lo)
-
-    def to_px(self, x: float, y: float, width: int, height: int) -> tuple[float, float]:
-        """Data coordinates to pixels in a ``width`` x ``height`` box (y grows downwards)."""
-        left, top, right, bottom = self.plot_box(width, height)
-        lo, hi = self.y_range
-        fy = 0.0 if hi == lo else (y - lo) / (hi - lo)
-        return left + self._frac_x(x) * (right - left), bottom - fy * (bottom - top)
-
-
-def nice_step(span: float, count: int = 5) -> float:
-    """A 1-2-5 step that cuts ``span`` into about ``count`` intervals."""
-    if not span > 0:
-        return 1.0
-    raw = span / count
-    magnitude = 10.0 ** math.floor(math.log10(raw))
-    for m in (1, 2, 5, 10):
-        if m * magnitude >= raw * 0.999:
-            return m * magnitude
-    return 10 * magnitude
-
-
-def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round tick values covering [lo, hi] (``hi`` is rounded up to a tick)."""
-    if not hi > lo:
-        hi = lo + 1.0
-    step = nice_step(hi - lo, count)
-    start = math.floor(lo / step + 1e-9) * step
-    ticks: list[float] = []
-    v = start
-    while v <= hi + step * 0.999 and len(ticks) < 50:
-        ticks.append(round(v, 12))
-        if v >= hi - 1e-12:
-            break
-        v += step
-    return ticks
-
-
-def log_ticks(lo: float, hi: float) -> list[float]:
-    """1-2-5 ticks per decade within [lo, hi]: just the decades when that is too many, more
-    steps (1-1.5-2-3-...) when the range is narrow."""
-
-    def ticks_with(steps: tuple[float, ...]) -> list[float]:
-        out = []
-        for exp in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1):
-            for m in steps:
-                v = round(m * 10.0**exp, 12)
-                if lo * 0.999 <= v <= hi * 1.001:
-                    out.append(v)
-        return out
-
-    ticks = ticks_with((1, 2, 5))
-    if len(ticks) < 4:
-        ticks = ticks_with((1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9))
-        if len(ticks) > 8:
-            ticks = [
-                v for v in ticks if round(v / 10 ** math.floor(math.log10(v)), 6) in (1, 2, 3, 5, 7)
-            ]
-    if len(ticks) > 10:
-        ticks = [v for v in ticks if round(v / 10 ** math.floor(math.log10(v))) == 1]
-    if len(ticks) < 2:  # a range narrower than 1-2-5 steps: its ends and geometric middle
-        ticks = [lo, math.sqrt(lo * hi), hi]
-    return ticks
-
-
-def format_tick(v: float) -> str:
-    """Short labels: ``0``, ``0.25``, ``12``, ``1.5k``, ``20k``, ``1.2M``."""
-    a = abs(v)
-    if a >= 1e6:
-        return f"{v / 1e6:g}M"
-    if a >= 1e4:
-        return f"{v / 1e3:g}k"
-    if a >= 100:
-        return f"{v:.0f}"
-    return f"{v:.3g}"
-
-
-def _padded_max(values: list[float]) -> float:
-    top = max(values, default=0.0)
-    return top * 1.05 if top > 0 else 1.0
+def available() -> bool:
+    """Whether matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _window_rows(result: LoadResult) -> list[TimelineRow]:
@@ -171,103 +52,103 @@ def _window_rows(result: LoadResult) -> list[TimelineRow]:
     return [r for r in result.timeline if r.t < result.window_s - 1e-9]
 
 
-def latency_chart(result: LoadResult) -> Chart:
+def _empty(ax: Axes, note: str) -> None:
+    ax.text(0.5, 0.5, note, transform=ax.transAxes, ha="center", va="center", color="#888888")
+
+
+def latency_over_time(ax: Axes, result: LoadResult) -> None:
     rows = _window_rows(result)
-    p50 = [(r.t + 0.5, r.p50_ms) for r in rows if r.p50_ms is not None]
-    p99 = [(r.t + 0.5, r.p99_ms) for r in rows if r.p99_ms is not None]
-    return _over_time(
-        "Latency over time: P50 and P99 per second (2xx, ms)",
-        "ms",
-        len(rows),
-        [Series("p50", COLORS["p50"], p50), Series("p99", COLORS["p99"], p99)],
-        None if p50 else "no successful responses",
-    )
+    ax.set_title("Latency over time: P50 and P99 per second (2xx, ms)", loc="left")
+    for key in ("p50", "p99"):
+        points = [(r.t + 0.5, getattr(r, f"{key}_ms")) for r in rows]
+        xs = [x for x, y in points if y is not None]
+        ax.plot(xs, [y for _, y in points if y is not None], color=COLORS[key], label=key)
+    if not any(r.p50_ms is not None for r in rows):
+        _empty(ax, "no successful responses")
+    else:
+        ax.legend(loc="best")
+    ax.set_xlabel("seconds into measurement")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
 
 
-def throughput_chart(result: LoadResult) -> Chart:
+def throughput_over_time(ax: Axes, result: LoadResult) -> None:
     rows = _window_rows(result)
-    ok = [(r.t + 0.5, float(r.ok)) for r in rows]
-    errors = [(r.t + 0.5, float(r.errors)) for r in rows]
-    lines = [Series("2xx/s", COLORS["ok"], ok)]
-    if any(y for _, y in errors):
-        lines.append(Series("errors/s", COLORS["errors"], errors))
-    return _over_time(
-        "Throughput over time: completions per second",
-        "req/s",
-        len(rows),
-        lines,
-        None if rows else "nothing completed",
-    )
+    ax.set_title("Throughput over time: completions per second", loc="left")
+    xs = [r.t + 0.5 for r in rows]
+    ax.plot(xs, [r.ok for r in rows], color=COLORS["ok"], label="2xx/s")
+    if any(r.errors for r in rows):
+        ax.plot(xs, [r.errors for r in rows], color=COLORS["errors"], label="errors/s")
+    if rows:
+        ax.legend(loc="best")
+    else:
+        _empty(ax, "nothing completed")
+    ax.set_xlabel("seconds into measurement")
+    ax.set_ylabel("req/s")
+    ax.set_ylim(bottom=0)
 
 
-def _over_time(
-    title: str, y_label: str, seconds: int, lines: list[Series], empty_note: str | None
-) -> Chart:
-    """A chart of per-second series over the measurement window."""
-    x_ticks = nice_ticks(0.0, float(max(seconds, 1)), 8)
-    y_ticks = nice_ticks(0.0, _padded_max([y for line in lines for _, y in line.points]))
-    return Chart(
-        title=title,
-        x_label="seconds into measurement",
-        y_label=y_label,
-        x_range=(0.0, x_ticks[-1]),
-        y_range=(0.0, y_ticks[-1]),
-        x_ticks=x_ticks,
-        y_ticks=y_ticks,
-        lines=lines,
-        empty_note=empty_note,
-    )
-
-
-def histogram_chart(result: LoadResult, bins: int = HISTOGRAM_BINS) -> Chart:
+def latency_histogram(ax: Axes, result: LoadResult) -> None:
+    ax.set_title("Latency histogram (2xx, ms, log scale)", loc="left")
+    ax.set_xscale("log")
+    ax.set_xlabel("ms")
+    ax.set_ylabel("requests")
     buckets = result.histogram()
     if not buckets:
-        return Chart(
-            title="Latency histogram (2xx, ms, log scale)",
-            x_label="ms",
-            y_label="requests",
-            x_range=(0.1, 10.0),
-            y_range=(0.0, 1.0),
-            x_ticks=log_ticks(0.1, 10.0),
-            y_ticks=[0.0, 1.0],
-            x_log=True,
-            empty_note="no successful responses",
-        )
+        _empty(ax, "no successful responses")
+        return
     lo = max(buckets[0][0], 1e-3)
     hi = max(buckets[-1][1], lo * 1.01)
-    lo_log, hi_log = math.log10(lo), math.log10(hi)
-    width = (hi_log - lo_log) / bins
-    counts = [0] * bins
-    for b_lo, b_hi, c in buckets:
-        mid = math.sqrt(max(b_lo, 1e-3) * b_hi)
-        i = min(bins - 1, max(0, int((math.log10(mid) - lo_log) / width)))
-        counts[i] += c
-    bars = [
-        Bar(10 ** (lo_log + i * width), 10 ** (lo_log + (i + 1) * width), float(c))
-        for i, c in enumerate(counts)
-        if c
-    ]
-    y_ticks = nice_ticks(0.0, _padded_max([b.height for b in bars]))
-    top = y_ticks[-1]
-    markers = []
+    edges = [lo * (hi / lo) ** (i / HISTOGRAM_BINS) for i in range(HISTOGRAM_BINS + 1)]
+    # Each HDR bucket (far finer than a bin) counts at its geometric middle.
+    middles = [min(max(math.sqrt(max(b_lo, 1e-3) * b_hi), lo), hi) for b_lo, b_hi, _ in buckets]
+    ax.hist(middles, bins=edges, weights=[c for _, _, c in buckets], color="#4c72b0")
     for key in ("p50", "p99"):
         value = result.latency_ms.get(key)
         if value is not None:
-            points = [(value, 0.0), (value, top)]
-            markers.append(Series(f"{key} {value:.3g} ms", COLORS[key], points, dashed=True))
-    return Chart(
-        title="Latency histogram (2xx, ms, log scale)",
-        x_label="ms",
-        y_label="requests",
-        x_range=(lo, hi),
-        y_range=(0.0, top),
-        x_ticks=log_ticks(lo, hi),
-        y_ticks=y_ticks,
-        x_log=True,
-        lines=markers,
-        bars=bars,
-    )
+            label = f"{key} {value:.3g} ms"
+            ax.axvline(value, color=COLORS[key], linestyle="--", label=label)
+    ax.legend(loc="best")
 
 
-def charts_for(result: LoadResult) -> list[Chart]:
-    return [latency_chart(result), throughput_chart(result), histogram_chart(result)]
+Drawing = Callable[["Axes", LoadResult], None]
+CHARTS: tuple[Drawing, ...] = (latency_over_time, throughput_over_time, latency_histogram)
+
+
+def _figure(rows: int) -> Figure:
+    # The Figure class, not pyplot: no global state and no GUI backend is ever touched.
+    from matplotlib.figure import Figure
+
+    width, height = CHART_SIZE
+    return Figure(figsize=(width, height * rows), dpi=DPI, layout="constrained")
+
+
+def _save(fig: Figure, fmt: str) -> bytes:
+    import matplotlib
+
+    buf = io.BytesIO()
+    with matplotlib.rc_context(_SVG_RC):  # type: ignore[arg-type]  # (keys are Literals)
+        fig.savefig(buf, format=fmt, metadata={"Date": None} if fmt == "svg" else None)
+    return buf.getvalue()
+
+
+def png_report(result: LoadResult) -> bytes:
+    """The three charts stacked in one PNG (760 x 840 pixels)."""
+    fig = _figure(len(CHARTS))
+    for ax, draw in zip(fig.subplots(len(CHARTS), 1), CHARTS, strict=True):
+        ax.grid(alpha=0.3)
+        draw(ax, result)
+    return _save(fig, "png")
+
+
+def svg_charts(result: LoadResult) -> list[str]:
+    """Each chart as an ``<svg>`` element to write into an HTML page (no XML prologue)."""
+    out = []
+    for draw in CHARTS:
+        fig = _figure(1)
+        ax = fig.subplots()
+        ax.grid(alpha=0.3)
+        draw(ax, result)
+        text = _save(fig, "svg").decode("utf-8")
+        out.append(re.sub(r"^.*?(?=<svg)", "", text, flags=re.DOTALL))
+    return out

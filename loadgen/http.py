@@ -14,6 +14,10 @@ be a few tens of microseconds.  This module does the least that is correct:
   usual idle keep-alive race).  Every other failure raises a :class:`HTTPClientError` subclass.
 
 ``https://`` is refused (:func:`parse_url`); TLS would dominate the client's CPU budget anyway.
+
+One module of ~700 lines, on purpose: the parser, the protocol and the connection share the
+per-connection state of one request in flight, and keeping them together keeps the hot path
+free of indirection (``bench/http_clients.py`` measures it).
 """
 
 from __future__ import annotations

@@ -37,6 +37,7 @@ __all__ = [
     "build_requests",
     "concrete_shape",
     "generate_tensors",
+    "generated_bodies",
     "input_specs",
     "parse_model_url",
     "random_tensor",
@@ -290,6 +291,30 @@ def encode_body(
         "inference-header-content-length": str(len(header)),
     }
     return header + b"".join(raws), headers
+
+
+def generated_bodies(
+    metadata: Mapping[str, Any],
+    *,
+    count: int,
+    rows: int = 1,
+    seed: int = 0,
+    binary: bool = False,
+    parameters: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, tuple[int, ...]] | None = None,
+) -> list[tuple[bytes, dict[str, str]]]:
+    """``count`` distinct random V2 bodies (with their headers) for the model that
+    ``metadata`` describes: ``rows`` per request, or the exact shapes in ``overrides``."""
+    specs = input_specs(metadata)
+    rng = np.random.default_rng(seed)
+    return [
+        encode_body(
+            generate_tensors(specs, rows=rows, rng=rng, overrides=overrides),
+            binary=binary,
+            parameters=parameters,
+        )
+        for _ in range(count)
+    ]
 
 
 def build_requests(

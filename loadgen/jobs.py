@@ -23,7 +23,7 @@ import json
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,6 +38,7 @@ __all__ = [
     "JobFailed",
     "JobProtocolError",
     "JobStats",
+    "job_document",
     "jobs_operation",
     "jobs_path",
 ]
@@ -101,7 +102,15 @@ class JobStats:
         }
 
 
-def _json_object(body: bytes, what: str) -> dict[str, Any]:
+def job_document(body: bytes, headers: Mapping[str, str], what: str = "job") -> dict[str, Any]:
+    """The JSON object of a jobs response: the whole body, or with the binary tensor extension
+    (a succeeded job that asked for binary outputs) the first ``Inference-Header-Content-Length``
+    bytes of it."""
+    length = headers.get("inference-header-content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise JobProtocolError(f"{what}: bad Inference-Header-Content-Length {length!r}")
+        body = body[: int(length)]
     try:
         data = json.loads(body)
     except ValueError:
@@ -153,7 +162,7 @@ def jobs_operation(
             resp = await conn.send(raw, timeout=budget_s)
             if not 200 <= resp.status < 300:
                 return resp.status
-            job = _json_object(resp.body, "job submit")
+            job = job_document(resp.body, resp.headers, "job submit")
             job_id = job.get("id")
             if not isinstance(job_id, str) or not job_id:
                 raise JobProtocolError("job submit: the response has no job id")
@@ -180,7 +189,7 @@ def jobs_operation(
                 resp = await conn.send(poll, timeout=min(left, wait + POLL_SLACK_S))
                 if resp.status != 200:
                     return resp.status
-                job = _json_object(resp.body, "job poll")
+                job = job_document(resp.body, resp.headers, "job poll")
                 status_code = resp.status
                 if job.get("status") in PENDING_STATUSES:
                     pause = poll_interval_s - (time.perf_counter() - started)

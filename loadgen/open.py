@@ -23,14 +23,12 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
 
-from loadgen.closed import CONNECT_BACKOFF_S, DEFAULT_MAX_REQUESTS
-from loadgen.http import ConnectError, HTTPClientError, HTTPConnection, PreparedRequest
+from loadgen.http import HTTPConnection
+from loadgen.loop import LoadOptions, Window, attempt
 from loadgen.recorder import Recorder
 from loadgen.result import LoadResult
 from loadgen.schedule import RateSchedule, poisson_arrivals
-from loadgen.workload import OperationFactory, encode_workload, send_operation
 
 __all__ = ["DEFAULT_MAX_CONNECTIONS", "TIMEOUT_BEFORE_SEND", "run_open_loop"]
 
@@ -48,54 +46,35 @@ _Item = tuple[float, int, bool]  # (intended perf_counter time, unit of work k, 
 
 
 async def run_open_loop(
-    url: str,
-    *,
+    options: LoadOptions,
     rate: RateSchedule | float,
-    duration_s: float,
-    requests: Sequence[PreparedRequest] | PreparedRequest | None = None,
-    method: str = "POST",
-    body: bytes = b"",
-    headers: Mapping[str, str] | None = None,
-    warmup_s: float = 1.0,
-    max_requests: int | None = None,
-    timeout_s: float = 30.0,
-    connect_timeout_s: float = 5.0,
+    *,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     connections: int | None = None,
     seed: int = 0,
-    operation: OperationFactory | None = None,
     recorder: Recorder | None = None,
     stop: asyncio.Event | None = None,
 ) -> LoadResult:
-    """Send Poisson arrivals following ``rate`` (requests/s, or a schedule) to ``url``.
+    """Send Poisson arrivals following ``rate`` (requests/s, or a schedule) to ``options.url``.
 
-    The workload arguments are those of :func:`loadgen.closed.run_closed_loop`; arrival *k*
-    performs unit of work *k*.  Timeline: ``connections`` connections (default: enough for
-    10 ms of the initial rate, at least 4) are opened first, untimed; then ``warmup_s`` seconds
-    of unrecorded arrivals at the schedule's initial rate; then ``duration_s`` seconds of
-    measured arrivals following the schedule from its start.  Arrivals are seeded by ``seed``.
-    At most ``max_requests`` (default :data:`DEFAULT_MAX_REQUESTS`) arrivals are measured.
+    Arrival *k* performs unit of work *k*.  Timeline: ``connections`` connections (default:
+    enough for 10 ms of the initial rate, at least 4) are opened first, untimed; then
+    ``warmup_s`` seconds of unrecorded arrivals at the schedule's initial rate; then
+    ``duration_s`` seconds of measured arrivals following the schedule from its start, at most
+    ``max_requests`` of them.  Arrivals are seeded by ``seed``; ``stop`` ends them early.
     """
     schedule = rate if isinstance(rate, RateSchedule) else RateSchedule.constant(float(rate))
     if schedule.final_rps <= 0 and schedule.length_s == 0:
         raise ValueError("rate must be positive")
-    if not duration_s > 0:
-        raise ValueError("duration_s must be positive")
-    if warmup_s < 0:
-        raise ValueError("warmup_s must not be negative")
-    if not timeout_s > 0:
-        raise ValueError("timeout_s must be positive")
     if max_connections < 1:
         raise ValueError("max_connections must be at least 1")
-    cap = DEFAULT_MAX_REQUESTS if max_requests is None else max_requests
-    if cap < 1:
-        raise ValueError("max_requests must be at least 1")
+    duration_s, warmup_s, timeout_s = options.duration_s, options.warmup_s, options.timeout_s
+    cap = options.cap
     if connections is None:
         connections = max(4, math.ceil(schedule.initial_rps * 0.01))
     connections = max(1, min(connections, max_connections))
 
-    target, reqs = encode_workload(url, requests, method=method, body=body, headers=headers)
-    op = (operation or send_operation)(target, reqs)
+    target, op = options.prepare()
     rec = Recorder() if recorder is None else recorder
     rec.target_rps = schedule.expected(duration_s) / duration_s
     perf_counter = time.perf_counter
@@ -107,26 +86,10 @@ async def run_open_loop(
     workers: set[asyncio.Task[None]] = set()
     conns: list[HTTPConnection] = []
     closing = False
-    measure_start = math.inf
-    window_end = math.inf
-    done_in_window = 0
-    ok_in_window = 0
-
-    def completed(end: float, ok: bool) -> None:
-        # Throughput: completions inside the arrival window, whatever their arrival time.
-        nonlocal done_in_window, ok_in_window
-        if measure_start <= end < window_end:
-            done_in_window += 1
-            ok_in_window += ok
+    window = Window(math.inf, math.inf)  # set once connections are open
 
     def new_connection() -> HTTPConnection:
-        conn = HTTPConnection(
-            target.host,
-            target.port,
-            host_header=target.host_header,
-            timeout=timeout_s,
-            connect_timeout=connect_timeout_s,
-        )
+        conn = options.connection(target)
         conns.append(conn)
         rec.opened_connection()
         return conn
@@ -151,36 +114,19 @@ async def run_open_loop(
             start = intended if intended < sent else sent
             remaining = start + timeout_s - sent
             if remaining <= 0:
-                completed(sent, False)
+                window.completed(sent, False)
                 if measuring:
                     rec.record_error(TIMEOUT_BEFORE_SEND, sent)
                 else:
                     rec.warmup_done += 1
                 continue
-            rec.in_flight += 1
-            try:
-                status = await op(conn, k, remaining)
-            except (HTTPClientError, OSError) as exc:
-                rec.in_flight -= 1
-                end = perf_counter()
-                completed(end, False)
-                if measuring:
-                    rec.record_error(exc, end)
-                else:
-                    rec.warmup_done += 1
-                if isinstance(exc, ConnectError):
-                    await asyncio.sleep(CONNECT_BACKOFF_S)
-                continue
-            rec.in_flight -= 1
-            end = perf_counter()
-            completed(end, 200 <= status < 300)
-            if measuring:
+            outcome = await attempt(op, conn, k, remaining, rec, window, measuring)
+            if outcome is not None and measuring:
+                status, end = outcome
                 rec.record(status, end - start, end)
                 rec.send_lag.record(sent - intended)
                 if 200 <= status < 300:
                     rec.service.record(end - sent)
-            else:
-                rec.warmup_done += 1
 
     def spawn(conn: HTTPConnection) -> None:
         task = asyncio.create_task(worker(conn))
@@ -206,9 +152,8 @@ async def run_open_loop(
             spawn(c)
         t0 = perf_counter()
         rec.begin(t0, warmup_s, duration_s)
-        measure_start = t0 + warmup_s
         end_offset = warmup_s + duration_s
-        window_end = t0 + end_offset
+        window.start, window.end = t0 + warmup_s, t0 + end_offset
         measured = 0
         k = 0
         arrivals = poisson_arrivals(schedule.shifted(warmup_s), random.Random(seed))
@@ -216,12 +161,12 @@ async def run_open_loop(
             if offset >= end_offset:
                 break
             if stopping():
-                window_end = min(perf_counter(), window_end)
+                window.end = min(perf_counter(), window.end)
                 break
             measuring = offset >= warmup_s
             if measuring:
                 if measured >= cap:  # the window ends with the last measured arrival
-                    window_end = max(measure_start, min(perf_counter(), window_end))
+                    window.end = max(window.start, min(perf_counter(), window.end))
                     break
                 measured += 1
             intended = t0 + offset
@@ -231,7 +176,7 @@ async def run_open_loop(
                 delay = intended - perf_counter()
             if stopping():
                 measured -= measuring
-                window_end = max(measure_start, min(perf_counter(), window_end))
+                window.end = max(window.start, min(perf_counter(), window.end))
                 break
             dispatch((intended, k, measuring))
             k += 1
@@ -251,18 +196,18 @@ async def run_open_loop(
         await asyncio.gather(*(c.aclose() for c in conns))
         rec.finished = True
 
-    window = max(window_end - measure_start, 0.0)
+    length_s = window.length_s
     return LoadResult.from_recorder(
         rec,
         mode="open",
-        url=url,
+        url=options.url,
         concurrency=rec.peak_connections,
-        duration_s=window,
-        completed=done_in_window,
-        completed_ok=ok_in_window,
+        duration_s=length_s,
+        completed=window.done,
+        completed_ok=window.ok,
         warmup_requests=k - measured,
         client_cpu_s=cpu_s,
         target_rps=rec.target_rps,
-        offered_rps=measured / window if window > 0 else None,
+        offered_rps=measured / length_s if length_s > 0 else None,
         schedule=schedule.describe(),
     )

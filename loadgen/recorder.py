@@ -2,18 +2,17 @@
 
 A :class:`Recorder` is created by whoever runs a loop (the CLI, a benchmark, a test) and passed
 in; the loop records into it, and a progress display may read it at the same time (same event
-loop, so no locking).  :class:`Timeline` keeps one small sparse histogram per second of
-measurement, by completion time, so reports can plot P50/P99 over time and the progress line can
-show the last second's P99.
+loop, so no locking).  :class:`Timeline` keeps one small histogram per second of
+measurement (a :class:`~loadgen.stats.LatencyHistogram` at 2 significant figures), by completion
+time, so reports can plot P50/P99 over time and the progress line can show the last second's P99.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
-from loadgen.stats import LatencyHistogram, RequestStats, bucket_index, bucket_value
+from loadgen.stats import LatencyHistogram, RequestStats
 
 __all__ = ["Recorder", "Timeline", "TimelineRow"]
 
@@ -43,24 +42,12 @@ class TimelineRow:
 
 
 class _Interval:
-    __slots__ = ("errors", "hist", "max", "ok")
+    __slots__ = ("errors", "hist")
 
     def __init__(self) -> None:
-        self.ok = 0
         self.errors = 0
-        self.max = 0.0
-        self.hist: dict[int, int] = {}
-
-    def percentile(self, p: float) -> float | None:
-        if not self.ok:
-            return None
-        rank = max(1, math.ceil(p / 100 * self.ok))
-        seen = 0
-        for index in sorted(self.hist):
-            seen += self.hist[index]
-            if seen >= rank:
-                return min(bucket_value(index), self.max)
-        return self.max
+        # 2 significant figures and 4-byte counts: ~18 KiB per second of a run, 1 % precision.
+        self.hist = LatencyHistogram(significant_figures=2, word_size=4)
 
 
 class Timeline:
@@ -87,12 +74,7 @@ class Timeline:
     def record(self, end: float, seconds: float, ok: bool) -> None:
         iv = self._at(end)
         if ok:
-            iv.ok += 1
-            index = bucket_index(seconds)
-            hist = iv.hist
-            hist[index] = hist.get(index, 0) + 1
-            if seconds > iv.max:
-                iv.max = seconds
+            iv.hist.record(seconds)
         else:
             iv.errors += 1
 
@@ -101,16 +83,17 @@ class Timeline:
 
     def row(self, i: int) -> TimelineRow:
         iv = self._intervals[i]
-        p50 = iv.percentile(50)
-        p99 = iv.percentile(99)
+        hist = iv.hist
+        ok = hist.count
+        p = hist.percentiles((50, 99))
         return TimelineRow(
             t=i * self.interval_s,
-            requests=iv.ok + iv.errors,
-            ok=iv.ok,
+            requests=ok + iv.errors,
+            ok=ok,
             errors=iv.errors,
-            p50_ms=None if p50 is None else p50 * 1e3,
-            p99_ms=None if p99 is None else p99 * 1e3,
-            max_ms=iv.max * 1e3 if iv.ok else None,
+            p50_ms=p[50] * 1e3 if ok else None,
+            p99_ms=p[99] * 1e3 if ok else None,
+            max_ms=hist.max * 1e3 if ok else None,
         )
 
     def rows(self) -> list[TimelineRow]:

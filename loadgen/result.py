@@ -142,7 +142,8 @@ class LoadResult:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able form: the summary, the per-second timeline and the latency histogram
-        (``histogram``: the raw HDR buckets, mergeable with ``LatencyHistogram.from_dict``)."""
+        (``histogram``: the exact count, sum, min and max plus ``hdr``, the HdrHistogram in its
+        standard compressed encoding; ``LatencyHistogram.from_dict`` restores it for merging)."""
         return {
             "mode": self.mode,
             "url": self.url,

@@ -1,14 +1,15 @@
-"""Latency histogram and per-request outcome counters (pure Python, O(1) recording).
+"""Latency histograms and per-request outcome counters.
 
-:class:`LatencyHistogram` is HdrHistogram's log-linear layout over integer nanoseconds with 128
-sub-buckets per power of two: values below 256 ns are exact, every larger bucket spans less than
-1/128 of its lower bound, and a bucket reports its midpoint, so a percentile is within ~0.4% of the
-true sample (plus 1 ns of truncation).  Values up to 2**40 ns (~18 minutes) have their own bucket;
-larger ones are clamped into the last bucket, while :attr:`LatencyHistogram.max` stays exact.
-4,352 buckets in all, held in one list of ints; recording is a handful of integer operations.
+:class:`LatencyHistogram` is an HdrHistogram (the ``hdrhistogram`` package, the Python port of
+the HdrHistogram family that wrk2, Gatling and the JVM tools use) over whole nanoseconds up to one
+hour, with the exact count, sum, minimum and maximum kept beside it: HDR buckets only bound a
+value, and a report's ``max`` and ``mean`` should be the real ones. Everything in loadgen that
+computes a percentile goes through this class: totals, the per-second timeline and the progress
+line. Histograms are exchanged (``--json``, merging across processes) in HdrHistogram's standard
+compressed form, which other HdrHistogram tools read.
 
-:class:`RequestStats` adds counting by HTTP status and by exception type, and is what load loops
-(closed loop now, open loop later) record into and merge across workers or processes.
+:class:`RequestStats` adds counting by HTTP status and by exception type; load loops record into
+it and results merge it.
 """
 
 from __future__ import annotations
@@ -18,74 +19,43 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-__all__ = ["LatencyHistogram", "RequestStats", "bucket_bounds", "bucket_index", "bucket_value"]
+from hdrh.histogram import HdrHistogram
 
-_SUB_BITS = 7  # 128 sub-buckets per half-octave: relative bucket width < 1/128
-_SUB_COUNT = 1 << (_SUB_BITS + 1)  # 256: values below this are exact
-_MAX_BITS = 40  # highest distinguishable value: 2**40 - 1 ns
-_MAX_VALUE = (1 << _MAX_BITS) - 1
-_N_BUCKETS = ((_MAX_BITS - _SUB_BITS - 1) << _SUB_BITS) + _SUB_COUNT
+__all__ = ["HIGHEST_NS", "LatencyHistogram", "RequestStats"]
 
-
-def _index(ns: int) -> int:
-    shift = ns.bit_length() - _SUB_BITS - 1
-    if shift <= 0:
-        return ns
-    return (shift << _SUB_BITS) + (ns >> shift)
-
-
-def _bounds(index: int) -> tuple[int, int]:
-    """[low, high) in nanoseconds of bucket ``index``."""
-    if index < _SUB_COUNT:
-        return index, index + 1
-    shift = (index >> _SUB_BITS) - 1
-    sub = index - (shift << _SUB_BITS)
-    return sub << shift, (sub + 1) << shift
-
-
-def bucket_index(seconds: float) -> int:
-    """The histogram bucket of a value in seconds (negatives count as 0, huge ones clamp)."""
-    ns = int(seconds * 1e9)
-    return _index(min(max(ns, 0), _MAX_VALUE))
-
-
-def bucket_bounds(index: int) -> tuple[float, float]:
-    """[low, high) in seconds of bucket ``index``."""
-    low, high = _bounds(index)
-    return low / 1e9, high / 1e9
-
-
-def bucket_value(index: int) -> float:
-    """The value (seconds) a bucket reports: its midpoint, or its exact value when 1 ns wide."""
-    low, high = _bounds(index)
-    return (low + high) / 2e9 if high - low > 1 else low / 1e9
+#: Largest latency told apart from others (one hour); longer ones count as one hour, while
+#: :attr:`LatencyHistogram.max` stays exact.
+HIGHEST_NS = 3_600 * 10**9
+#: Totals keep 3 significant figures: every bucket is narrower than 1/1024 of its values.
+TOTAL_FIGURES = 3
 
 
 class LatencyHistogram:
-    """Log-linear latency histogram; values in seconds, ~0.4% relative precision."""
+    """Latencies in seconds, recorded into an HdrHistogram of nanoseconds.
 
-    __slots__ = ("_counts", "count", "max", "min", "total")
+    ``significant_figures`` trades precision for memory: 3 (the default, ~270 KiB) for a run's
+    totals, 2 (~18 KiB with 4-byte counts) for each second of a timeline.
+    """
 
-    #: Worst-case relative error of :meth:`percentile` (half a bucket), excluding 1 ns truncation.
-    RELATIVE_PRECISION = 1 / (2 << _SUB_BITS)
+    __slots__ = ("_hdr", "count", "max", "min", "total")
 
-    def __init__(self) -> None:
-        self._counts = [0] * _N_BUCKETS
+    def __init__(self, significant_figures: int = TOTAL_FIGURES, word_size: int = 8) -> None:
+        self._hdr = HdrHistogram(1, HIGHEST_NS, significant_figures, word_size=word_size)
         self.count = 0
         self.total = 0.0
         self.max = 0.0
         self.min = math.inf
 
+    @property
+    def relative_precision(self) -> float:
+        """Worst-case relative error of :meth:`percentile` (one bucket's width)."""
+        return 1 / int(self._hdr.sub_bucket_half_count)
+
     def record(self, seconds: float) -> None:
-        """Add one value (seconds; negatives count as 0)."""
-        ns = int(seconds * 1e9)
-        if ns <= 0:
-            ns = 0
+        """Add one value (seconds; negatives, from clock oddities, count as 0)."""
+        if seconds < 0:
             seconds = 0.0
-        elif ns > _MAX_VALUE:
-            ns = _MAX_VALUE
-        shift = ns.bit_length() - 8  # _SUB_BITS + 1, inlined
-        self._counts[(shift << 7) + (ns >> shift) if shift > 0 else ns] += 1
+        self._hdr.record_value(min(int(seconds * 1e9), HIGHEST_NS))
         self.count += 1
         self.total += seconds
         if seconds > self.max:
@@ -93,18 +63,11 @@ class LatencyHistogram:
         if seconds < self.min:
             self.min = seconds
 
-    def record_many(self, values: Iterable[float]) -> None:
-        for v in values:
-            self.record(v)
-
     def merge(self, other: LatencyHistogram) -> None:
         """Add ``other``'s values into this histogram."""
         if other.count == 0:
             return
-        mine = self._counts
-        for i, c in enumerate(other._counts):
-            if c:
-                mine[i] += c
+        self._hdr.add(other._hdr)
         self.count += other.count
         self.total += other.total
         self.max = max(self.max, other.max)
@@ -114,9 +77,12 @@ class LatencyHistogram:
     def mean(self) -> float:
         return self.total / self.count if self.count else 0.0
 
+    def _clamped(self, ns: int) -> float:
+        # A bucket's bound may lie outside what was recorded; the exact extremes are known.
+        return min(max(ns / 1e9, self.min), self.max)
+
     def percentile(self, p: float) -> float:
-        """The value (seconds) at percentile ``p`` in [0, 100]: the smallest recorded value
-        with at least ``p``% of the values at or below it, to the histogram's precision.
+        """The value (seconds) at percentile ``p`` in [0, 100], to the histogram's precision;
         ``percentile(100)`` is the exact maximum; an empty histogram gives 0.0."""
         if not 0 <= p <= 100:
             raise ValueError(f"percentile must be within [0, 100], got {p}")
@@ -124,46 +90,45 @@ class LatencyHistogram:
             return 0.0
         if p >= 100:
             return self.max
-        rank = max(1, math.ceil(p / 100 * self.count))
-        seen = 0
-        for i, c in enumerate(self._counts):
-            if c:
-                seen += c
-                if seen >= rank:
-                    low, high = _bounds(i)
-                    mid = (low + high) / 2e9 if high - low > 1 else low / 1e9
-                    return min(max(mid, self.min), self.max)
-        return self.max  # unreachable unless counts and count disagree
+        return self._clamped(self._hdr.get_value_at_percentile(p))
 
     def percentiles(self, ps: Iterable[float]) -> dict[float, float]:
-        """Several percentiles at once, as {p: seconds}."""
+        """Several percentiles in one pass, as {p: seconds}."""
         wanted = sorted(set(ps))
-        return {p: self.percentile(p) for p in wanted}
+        if any(not 0 <= p <= 100 for p in wanted):
+            raise ValueError(f"percentiles must be within [0, 100], got {wanted}")
+        if self.count == 0:
+            return dict.fromkeys(wanted, 0.0)
+        values = self._hdr.get_percentile_to_value_dict(wanted)
+        return {p: self.max if p >= 100 else self._clamped(values[p]) for p in wanted}
 
     def buckets(self) -> Iterator[tuple[float, float, int]]:
         """Non-empty buckets as (low_seconds, high_seconds, count), ascending."""
-        for i, c in enumerate(self._counts):
-            if c:
-                low, high = _bounds(i)
-                yield low / 1e9, high / 1e9, c
+        hdr = self._hdr
+        for item in hdr.get_recorded_iterator():
+            high = item.value_iterated_to
+            low = hdr.get_lowest_equivalent_value(high)
+            yield low / 1e9, (high + 1) / 1e9, item.count_at_value_iterated_to
 
-    # Serialisation, for merging histograms across processes ------------------------------
+    # Exchange, for merging histograms across processes -----------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        """A compact, JSON-able form (sparse bucket counts); :meth:`from_dict` restores it."""
+        """A JSON-able form: the exact figures plus ``hdr``, the HdrHistogram's standard
+        compressed (base64) encoding; :meth:`from_dict` restores it."""
         return {
             "count": self.count,
             "total": self.total,
             "max": self.max,
             "min": self.min if self.count else None,
-            "buckets": {str(i): c for i, c in enumerate(self._counts) if c},
+            "hdr": self._hdr.encode().decode("ascii"),
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LatencyHistogram:
-        h = cls()
-        for i, c in data["buckets"].items():
-            h._counts[int(i)] = int(c)
+        decoded = HdrHistogram.decode(data["hdr"].encode("ascii"))
+        h = cls(decoded.significant_figures)
+        if data["count"]:
+            h._hdr.add(decoded)
         h.count = int(data["count"])
         h.total = float(data["total"])
         h.max = float(data["max"])

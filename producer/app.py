@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
 import random
 import re
@@ -18,24 +20,29 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive
 
 import runtime
+from producer import openapi as api
 from producer.errors import (
     BadRequest,
     GatewayError,
     PayloadTooLarge,
+    RequestTimeout,
     Unauthorized,
     UnsupportedMediaType,
 )
 from producer.gateway import Gateway
+from producer.inflight import BodyHold
 from producer.instrument import RequestMetrics, RequestTracing
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
+from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
 from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
-from runtime.tracing import REQUEST_TRACE
+from runtime.tracing import REQUEST_TRACE, Tracer
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -64,19 +71,49 @@ def _traceparent(request: Request) -> str:
     return f"00-{_trace_ids.getrandbits(128):032x}-{_trace_ids.getrandbits(64):016x}-01"
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+def _digits(raw: str | None) -> int | None:
+    """A header's non-negative integer value; None unless it is plain ASCII digits. Over 18
+    digits (more than any body) reads as the largest int64, never as a 4,300-digit int()."""
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    return int(raw) if len(raw) <= 18 else 2**63 - 1
+
+
+async def _read_body(
+    request: Request,
+    limit: int,
+    *,
+    hold: BodyHold | None = None,
+    timeout_s: float | None = None,
+) -> bytes:
+    """The whole body, decompressed: 413 past ``limit``; with a ``hold``, its bytes are held
+    against the gateway's in-flight cap as they arrive (429 before reading the rest); 408 when
+    it has not arrived within ``timeout_s``."""
+    declared = _digits(request.headers.get("content-length"))
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(
             f"request body of {declared} bytes exceeds the limit of {limit} bytes"
         )
+    if hold is not None and declared is not None:
+        hold.grow_to(declared)
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+                if hold is not None:
+                    hold.grow_to(size)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s (received {size} bytes)"
+        ) from None
     body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
@@ -93,6 +130,8 @@ async def _read_body(request: Request, limit: int) -> bytes:
         raise BadRequest(f"request body is not valid {encoding} data: {e}") from None
     if len(plain) > limit or inflater.unconsumed_tail:
         raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+    if hold is not None:
+        hold.grow_to(len(plain))
     return plain
 
 
@@ -117,9 +156,10 @@ def _header_length(request: Request) -> int | None:
             f"Content-Type '{content_type}' is not supported with the binary tensor extension; "
             "use application/octet-stream"
         )
-    if not raw.strip().isdigit():
+    length = _digits(raw)
+    if length is None:
         raise BadRequest("Inference-Header-Content-Length must be a non-negative integer")
-    return int(raw)
+    return length
 
 
 def _no_cache(request: Request) -> bool:
@@ -132,8 +172,10 @@ async def live(request: Request) -> Response:
 
 
 async def ready(request: Request) -> Response:
-    ok = await _gateway(request).ready()
-    return JSONResponse({"ready": ok}, status_code=200 if ok else 503)
+    ok, problems = await _gateway(request).ready()
+    if ok:
+        return JSONResponse({"ready": True})
+    return JSONResponse({"ready": False, "problems": problems}, status_code=503)
 
 
 async def server_metadata(request: Request) -> Response:
@@ -192,11 +234,21 @@ class _InferenceCall:
     traceparent: str
 
 
-async def _inference_call(request: Request) -> _InferenceCall:
+async def _inference_call(request: Request, hold: BodyHold) -> _InferenceCall:
     p = request.path_params
     header_length = _header_length(request)  # before reading: a bad Content-Type is 415 at once
-    raw = await _read_body(request, _gateway(request).settings.max_body_bytes)
+    settings = _gateway(request).settings
+    raw = await _read_body(
+        request, settings.max_body_bytes, hold=hold, timeout_s=settings.body_timeout_s
+    )
     return _InferenceCall(p["model"], p.get("version"), raw, header_length, _traceparent(request))
+
+
+async def _disconnect(receive: Receive) -> None:
+    """Returns once the client has hung up. Only once the body is read: uvicorn's ``receive``
+    then blocks until the connection is lost (or the response is complete)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 def _binary_or_json(
@@ -210,25 +262,28 @@ def _binary_or_json(
 
 
 async def infer(request: Request) -> Response:
-    call = await _inference_call(request)
-    outcome = await _gateway(request).service.infer(
-        call.model,
-        call.version,
-        call.body,
-        call.header_length,
-        no_cache=_no_cache(request),
-        traceparent=call.traceparent,
-    )
-    result = outcome.result
-    with REQUEST_TRACE.get().span("encode response"):
-        body, json_length = encode_infer_response(
-            client_id=outcome.body.client_id,
-            model_name=result.model,
-            model_version=result.version,
-            outputs=result.outputs,
-            binary_outputs=outcome.body.binary_outputs,
-            binary_all=outcome.body.binary_all,
+    service = _gateway(request).service
+    with service.hold_body() as hold:
+        call = await _inference_call(request, hold)
+        outcome = await service.infer(
+            call.model,
+            call.version,
+            call.body,
+            call.header_length,
+            no_cache=_no_cache(request),
+            traceparent=call.traceparent,
+            disconnected=functools.partial(_disconnect, request.receive),
         )
+        result = outcome.result
+        with REQUEST_TRACE.get().span("encode response"):
+            body, json_length = encode_infer_response(
+                client_id=outcome.body.client_id,
+                model_name=result.model,
+                model_version=result.version,
+                outputs=result.outputs,
+                binary_outputs=outcome.body.binary_outputs,
+                binary_all=outcome.body.binary_all,
+            )
     headers = {
         "traceparent": call.traceparent,
         "x-inferq-cache": "hit" if outcome.cached else "miss",
@@ -244,15 +299,17 @@ def _job_response(
 
 
 async def submit_job(request: Request) -> Response:
-    call = await _inference_call(request)
-    submitted = await _gateway(request).jobs.submit(
-        call.model,
-        call.version,
-        call.body,
-        call.header_length,
-        idempotency_key=request.headers.get("idempotency-key"),
-        traceparent=call.traceparent,
-    )
+    gateway = _gateway(request)
+    with gateway.service.hold_body() as hold:
+        call = await _inference_call(request, hold)
+        submitted = await gateway.jobs.submit(
+            call.model,
+            call.version,
+            call.body,
+            call.header_length,
+            idempotency_key=request.headers.get("idempotency-key"),
+            traceparent=call.traceparent,
+        )
     record = submitted.record
     headers = {"location": f"/v2/jobs/{record.id}", "traceparent": call.traceparent}
     if submitted.replayed:
@@ -283,7 +340,9 @@ ADMIN_BODY_LIMIT = 64 * 1024
 async def _admin_body(request: Request) -> dict[str, Any]:
     """The JSON object of a model-control call (an empty body is ``{}``), after the token."""
     _gateway(request).admin.authorize(request.headers.get("authorization"))
-    raw = await _read_body(request, ADMIN_BODY_LIMIT)
+    raw = await _read_body(
+        request, ADMIN_BODY_LIMIT, timeout_s=_gateway(request).settings.body_timeout_s
+    )
     if not raw.strip():
         return {}
     try:
@@ -330,6 +389,8 @@ async def gateway_error(request: Request, exc: Exception) -> Response:
         headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
     if isinstance(exc, Unauthorized):
         headers["www-authenticate"] = 'Bearer realm="inferq"'  # RFC 6750
+    if isinstance(exc, RequestTimeout):
+        headers["connection"] = "close"  # the rest of the body may still be on its way
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
 
 
@@ -351,24 +412,75 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": "internal error in the gateway; see its log"}, status_code=500)
 
 
-def routes() -> list[Route]:
+def routes(tracer: Tracer | None = None) -> list[Route]:
+    """The HTTP surface, each path once: Starlette routes it, :mod:`producer.instrument` labels
+    its metrics by the route's name, and :func:`producer.openapi.document` describes it from the
+    route's :class:`~producer.openapi.Operation`."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
+
+    def traced(endpoint: str) -> list[Middleware] | None:
+        """With a tracer, the inference routes open each request's trace (nothing else is
+        traced: health checks, scrapes and polls would only add noise)."""
+        if tracer is None:
+            return None
+        return [Middleware(RequestTracing, tracer=tracer, endpoint=endpoint)]
+
+    per_model: list[Route] = []
+    for base in (model, versioned):
+        per_model += [
+            ApiRoute(base, model_metadata, api.MODEL_METADATA, name="model_metadata"),
+            ApiRoute(base + "/ready", model_ready, api.MODEL_READY, name="model_ready"),
+            ApiRoute(
+                base + "/infer",
+                infer,
+                api.INFER,
+                name="infer",
+                methods=["POST"],
+                middleware=traced("infer"),
+            ),
+            ApiRoute(
+                base + "/jobs",
+                submit_job,
+                api.SUBMIT_JOB,
+                name="job_submit",
+                methods=["POST"],
+                middleware=traced("job_submit"),
+            ),
+        ]
+    repository = "/v2/repository"
     return [
-        Route("/v2/health/live", live),
-        Route("/v2/health/ready", ready),
-        Route("/v2", server_metadata),
-        Route("/openapi.json", openapi),
-        Route("/metrics", metrics),
-        *(Route(base, model_metadata) for base in (model, versioned)),
-        *(Route(base + "/ready", model_ready) for base in (model, versioned)),
-        *(Route(base + "/infer", infer, methods=["POST"]) for base in (model, versioned)),
-        *(Route(base + "/jobs", submit_job, methods=["POST"]) for base in (model, versioned)),
-        Route("/v2/jobs/{job}", get_job, methods=["GET"]),
-        Route("/v2/jobs/{job}", cancel_job, methods=["DELETE"]),
-        Route("/v2/repository/index", repository_index, methods=["POST"]),
-        Route("/v2/repository/models/{model}/load", repository_load, methods=["POST"]),
-        Route("/v2/repository/models/{model}/unload", repository_unload, methods=["POST"]),
+        ApiRoute("/v2/health/live", live, api.LIVENESS, name="health_live"),
+        ApiRoute("/v2/health/ready", ready, api.READINESS, name="health_ready"),
+        ApiRoute("/v2", server_metadata, api.SERVER_METADATA, name="server_metadata"),
+        Route("/openapi.json", openapi, name="openapi"),
+        Route("/metrics", metrics, name="metrics"),
+        *per_model,
+        ApiRoute("/v2/jobs/{job}", get_job, api.JOB_STATUS, name="job_status", methods=["GET"]),
+        ApiRoute(
+            "/v2/jobs/{job}", cancel_job, api.JOB_CANCEL, name="job_cancel", methods=["DELETE"]
+        ),
+        ApiRoute(
+            repository + "/index",
+            repository_index,
+            api.REPOSITORY_INDEX,
+            name="repository_index",
+            methods=["POST"],
+        ),
+        ApiRoute(
+            repository + "/models/{model}/load",
+            repository_load,
+            api.REPOSITORY_LOAD,
+            name="repository_load",
+            methods=["POST"],
+        ),
+        ApiRoute(
+            repository + "/models/{model}/unload",
+            repository_unload,
+            api.REPOSITORY_UNLOAD,
+            name="repository_unload",
+            methods=["POST"],
+        ),
     ]
 
 
@@ -383,14 +495,14 @@ def create_app(settings: GatewaySettings) -> Starlette:
         finally:
             await gateway.stop()
 
-    traced = gateway.tracer.enabled
-    middleware = [Middleware(RequestMetrics, gateway=gateway, exemplars=traced)]
-    if traced:  # untraced, not even a pass-through layer
-        middleware.insert(0, Middleware(RequestTracing, tracer=gateway.tracer))
+    traced = gateway.tracer if gateway.tracer.enabled else None
+    table = routes(traced)
     app = Starlette(
-        routes=routes(),
+        routes=table,
         lifespan=lifespan,
-        middleware=middleware,
+        middleware=[
+            Middleware(RequestMetrics, gateway=gateway, routes=table, exemplars=bool(traced))
+        ],
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,
@@ -398,5 +510,5 @@ def create_app(settings: GatewaySettings) -> Starlette:
         },
     )
     app.state.gateway = gateway
-    app.state.openapi = openapi_document()
+    app.state.openapi = openapi_document(table)
     return app

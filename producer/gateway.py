@@ -1,18 +1,22 @@
-"""The gateway's runtime: its Redis clients and the background tasks it owns.
+"""The gateway's runtime: its Redis clients and the background loops it owns.
 
-``start`` opens connections and starts the tasks; ``stop`` cancels and awaits every one of them,
+``start`` opens connections and starts the loops; ``stop`` cancels and awaits every one of them,
 fails the requests still waiting, and closes the connections. The gateway starts even when Redis
 is down: it then reports not-ready, answers inference with 503, and recovers on its own.
+
+Every loop survives Redis errors with backoff and tells readiness while it fails (``ready``
+answers why). A loop that ends any other way is a bug: readiness fails for good and ``on_fatal``
+(set by the command line) stops the server, which then exits non-zero so that a supervisor
+restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from collections.abc import Callable
 
 import structlog
-from redis.exceptions import RedisError
 
 from producer.admin import ModelAdmin
 from producer.errors import ServiceUnavailable
@@ -27,8 +31,13 @@ from protocol.keys import Keys
 from runtime import tracing
 from runtime.aio import cancelling
 from runtime.connections import RedisClock, blocking_client, command_client, redact
+from runtime.eviction import EvictionCheck
+from runtime.faults import RETRYABLE, describe
+from runtime.loops import Loops
 
 log = structlog.get_logger("inferq.gateway")
+
+CLOCK_RESYNC_S = 60.0
 
 
 class Gateway:
@@ -38,7 +47,12 @@ class Gateway:
         self.clock = RedisClock()
         self.metrics = GatewayMetrics()
         self.tracer = tracing.current()
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.loops = Loops(log, on_fatal=self._fatal)
+        self.eviction = EvictionCheck(log, self.metrics.runtime.set_policy)
+        self.failure: str | None = None
+        """Why the gateway must exit (a loop crashed); None while it serves."""
+        self.on_fatal: Callable[[], None] | None = None
+        """Called once a loop crashed: the command line stops the server here."""
 
     async def start(self) -> None:
         s = self.settings
@@ -48,7 +62,12 @@ class Gateway:
         )
         self.pipeline = AutoPipeline(self.redis)
         self.registry = ModelRegistry(
-            self.redis, self.keys, self.clock, refresh_s=s.registry_refresh_s
+            self.redis,
+            self.keys,
+            self.clock,
+            refresh_s=s.registry_refresh_s,
+            eviction=self.eviction,
+            backoff=self.loops.backoff("registry"),
         )
         self.replies = ReplyListener(
             self.reader,
@@ -57,6 +76,8 @@ class Gateway:
             block_ms=s.reply_block_ms,
             ttl_s=max(60.0, 6 * s.heartbeat_s),
             job_events=self.keys.job_events,
+            reads=self.loops.backoff("replies"),
+            keepalives=self.loops.backoff("reply-keepalive"),
         )
         self.service = InferenceService(
             s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
@@ -67,21 +88,27 @@ class Gateway:
         try:
             await self.clock.sync(self.redis)
             await self.replies.keepalive()
-        except (RedisError, OSError) as e:
+        except RETRYABLE as e:
             log.warning(
-                "Redis unreachable at start; serving 503 until it answers",
+                "Redis not usable at start; serving 503 until it is",
                 redis=redact(s.redis.url),
-                error=str(e),
+                error=describe(e),
             )
         await self.registry.refresh()
-        self._spawn(self.replies.run(), "replies")
-        self._spawn(self.replies.run_keepalive(s.heartbeat_s), "reply-keepalive")
-        self._spawn(self.registry.run(), "registry")
-        self._spawn(self._resync_clock(), "clock")
         gauges = StreamGauges(
-            self.metrics, self.redis, self.keys, self.clock.now_ms, interval_s=s.stream_gauges_s
+            self.metrics,
+            self.redis,
+            self.keys,
+            self.clock.now_ms,
+            interval_s=s.stream_gauges_s,
+            backoff=self.loops.backoff("stream-gauges", critical=False),
         )
-        self._spawn(gauges.run(), "stream-gauges")
+        self.loops.spawn("replies", self.replies.run())
+        self.loops.spawn("reply-keepalive", self.replies.run_keepalive(s.heartbeat_s))
+        self.loops.spawn("registry", self.registry.run())
+        self.loops.spawn("clock", self._resync_clock())
+        self.loops.spawn("stream-gauges", gauges.run())
+        self.metrics.runtime.track_loops(self.loops.health)
         log.info(
             "gateway started",
             gateway=s.gateway_id,
@@ -90,37 +117,40 @@ class Gateway:
         )
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.loops.cancel()
         self.replies.fail_all(ServiceUnavailable("the gateway is shutting down"))
         await self.pipeline.close()
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*RETRYABLE):
             await self.redis.delete(self.replies.key)
         await self.reader.aclose()
         await self.redis.aclose()
         log.info("gateway stopped", gateway=self.settings.gateway_id)
 
-    async def ready(self) -> bool:
-        """Redis answers and at least one live worker serves a model."""
+    async def ready(self) -> tuple[bool, list[str]]:
+        """Ready when Redis answers, no request-path loop is down or failing (the reply
+        listener and its keepalive, the registry), and a live worker serves a model; else the
+        reasons, for a person."""
+        problems = self.loops.problems(critical_only=True)
         try:
             await self.pipeline.execute("PING")
-        except (RedisError, OSError):
-            return False
-        return self.registry.live_workers > 0
+        except RETRYABLE as e:
+            problems.append(f"redis: {describe(e)}")
+        if self.registry.live_workers == 0:
+            problems.append("no live worker serves any model")
+        return not problems, problems
 
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("gateway task crashed", task=task.get_name(), exc_info=task.exception())
+    def _fatal(self, reason: str) -> None:
+        self.failure = reason
+        if self.on_fatal is not None:
+            self.on_fatal()
 
     async def _resync_clock(self) -> None:
+        backoff = self.loops.backoff("clock", critical=False)
         while not cancelling():
-            await asyncio.sleep(60)
-            with contextlib.suppress(RedisError, OSError):
+            await asyncio.sleep(CLOCK_RESYNC_S)
+            try:
                 await self.clock.sync(self.redis)
+            except RETRYABLE as e:
+                backoff.record(e)
+                continue
+            backoff.succeeded()

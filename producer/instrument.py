@@ -1,53 +1,50 @@
 """ASGI middleware that counts and times every HTTP request, errors included, and (only when
-tracing is on) opens each inference request's trace.
+tracing is on) opens the trace of each inference request.
 
 Exception handlers turn errors into responses below this layer, so one place sees every status.
+The endpoint label is the name of the route Starlette matched (the route table in
+:mod:`producer.app` is the only place a path is written).
 Model and version labels are set only for models the registry knows: a label never carries a
 name a client made up (which would let anyone grow the metric's series without bound).
 """
 
 from __future__ import annotations
 
-import re
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from producer.metrics import ENDPOINTS
 from producer.routing import ROUTED_VERSION
-from runtime.tracing import REQUEST_TRACE, Tracer
+from runtime.tracing import REQUEST_TRACE, RequestTrace, Tracer
 
 if TYPE_CHECKING:
     from producer.gateway import Gateway
 
-_MODEL_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?(/ready|/infer|/jobs)?$")
-_FIXED = {
-    "/v2/health/live": "health_live",
-    "/v2/health/ready": "health_ready",
-    "/v2": "server_metadata",
-    "/metrics": "metrics",
-    "/openapi.json": "openapi",
-}
-TRACED_ENDPOINTS = frozenset({"infer", "job_submit"})
-"""Endpoints that get a trace; health checks, scrapes and polls would only add noise."""
-_MODEL_ENDPOINTS = {
-    None: "model_metadata",
-    "/ready": "model_ready",
-    "/infer": "infer",
-    "/jobs": "job_submit",
-}
+
+def endpoint_names(routes: Iterable[BaseRoute]) -> dict[Callable[..., Any], str]:
+    """Each route's endpoint function to the route's name: the ``endpoint`` label."""
+    return {route.endpoint: route.name for route in routes if isinstance(route, Route)}
 
 
-def classify(path: str, method: str) -> tuple[str, str | None, str | None]:
-    """(endpoint, model, version) as named in the path, before any check that they exist."""
-    if path in _FIXED:
-        return _FIXED[path], None, None
-    if path.startswith("/v2/jobs/"):
-        return ("job_cancel" if method == "DELETE" else "job_status"), None, None
-    m = _MODEL_PATH.match(path)
-    if m is None:
+def classify(
+    scope: Scope, names: dict[Callable[..., Any], str]
+) -> tuple[str, str | None, str | None]:
+    """(endpoint, model, version) of a request Starlette has routed, as named in its path and
+    before any check that they exist: the router leaves the matched route's ``endpoint`` and
+    ``path_params`` in the scope (for a wrong method too), nothing when no path matched."""
+    endpoint = names.get(scope.get("endpoint"), "other")  # type: ignore[arg-type]
+    if endpoint not in ENDPOINTS:
         return "other", None, None
-    return _MODEL_ENDPOINTS[m.group(3)], m.group(1), m.group(2)
+    params = scope.get("path_params", {})
+    return endpoint, params.get("model"), params.get("version")
+
+
+TRACE_KEY = "inferq.trace"
+"""Where ``RequestTracing`` leaves the request's trace in the ASGI scope, for the exemplar."""
 
 
 def _header(scope: Scope, wanted: bytes) -> str | None:
@@ -58,32 +55,30 @@ def _header(scope: Scope, wanted: bytes) -> str | None:
 
 
 class RequestTracing:
-    """Starts the server span of each inference request, the caller's ``traceparent`` its
-    parent, and makes it the request's ``REQUEST_TRACE`` for the handlers below. Installed
-    outside ``RequestMetrics`` (which reads the trace id for its exemplar), and only when
-    tracing is on."""
+    """Route middleware of the inference routes (only when tracing is on): starts the
+    request's server span, a child of the caller's ``traceparent``, and makes it the
+    ``REQUEST_TRACE`` of the handlers below. It wraps the route with its exception handlers, so
+    the span ends with the status the client gets."""
 
-    def __init__(self, app: ASGIApp, tracer: Tracer) -> None:
+    def __init__(self, app: ASGIApp, tracer: Tracer, endpoint: str) -> None:
         self.app = app
         self.tracer = tracer
+        self.endpoint = endpoint
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = classify(scope["path"], scope["method"]) if scope["type"] == "http" else None
-        if endpoint is None or endpoint[0] not in TRACED_ENDPOINTS:
-            await self.app(scope, receive, send)
-            return
-        name, model, version = endpoint
+        params = scope.get("path_params", {})
         attributes = {
             "http.request.method": scope["method"],
             "url.path": scope["path"],
-            "inferq.endpoint": name,
-            "inferq.model": model or "",
+            "inferq.endpoint": self.endpoint,
+            "inferq.model": params.get("model", ""),
         }
-        if version:
-            attributes["inferq.version"] = version
+        if "version" in params:
+            attributes["inferq.version"] = params["version"]
         trace = self.tracer.request(
-            f"{scope['method']} {name}", _header(scope, b"traceparent"), attributes
+            f"{scope['method']} {self.endpoint}", _header(scope, b"traceparent"), attributes
         )
+        scope[TRACE_KEY] = trace
         status = 500
 
         async def send_and_watch(message: Message) -> None:
@@ -101,9 +96,17 @@ class RequestTracing:
 
 
 class RequestMetrics:
-    def __init__(self, app: ASGIApp, gateway: Gateway, *, exemplars: bool = False) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        gateway: Gateway,
+        routes: Iterable[BaseRoute],
+        *,
+        exemplars: bool = False,
+    ) -> None:
         self.app = app
         self.gateway = gateway
+        self.names = endpoint_names(routes)
         self.exemplars = exemplars
         """Tracing is on: label latency observations of sampled requests with their trace id."""
 
@@ -128,7 +131,7 @@ class RequestMetrics:
             ROUTED_VERSION.reset(routed)
 
     def _observe(self, scope: Scope, status: int, seconds: float, routed: str | None) -> None:
-        endpoint, model, version = classify(scope["path"], scope["method"])
+        endpoint, model, version = classify(scope, self.names)
         entry = self.gateway.registry.models.get(model) if model else None
         if entry is None:
             model = version = None
@@ -141,7 +144,10 @@ class RequestMetrics:
             for name, value in scope["headers"]:
                 if name == b"content-length" and value.isdigit():
                     body_bytes = int(value)
-        exemplar = REQUEST_TRACE.get().exemplar() if self.exemplars else None
+        exemplar = None
+        if self.exemplars:
+            trace: RequestTrace | None = scope.get(TRACE_KEY)
+            exemplar = trace.exemplar() if trace is not None else None
         self.gateway.metrics.observe_request(
             model, version, endpoint, status, seconds, body_bytes=body_bytes, exemplar=exemplar
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import re
 import secrets
@@ -20,22 +21,45 @@ from typing import Any, cast
 
 import structlog
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
 
-from producer.errors import BadRequest, Conflict, NotFound, ServiceUnavailable, TooManyRequests
+from producer.errors import (
+    BadRequest,
+    Conflict,
+    Gone,
+    NotFound,
+    ServiceUnavailable,
+    TooManyRequests,
+    UnprocessableContent,
+    redis_unavailable,
+)
 from producer.routing import ROUTED_VERSION
 from producer.service import InferenceService
 from producer.settings import GatewaySettings
-from producer.v2 import encode_infer_response, parse_infer_request
+from producer.v2 import InferRequestBody, encode_infer_response, parse_infer_request
 from protocol import ProtocolError
-from protocol.jobs import TRANSITION_SCRIPT, JobRecord, JobStatus, transition_args
-from protocol.keys import Lane
-from protocol.messages import FIELD, InferRequest, InferResult, Kind
+from protocol.cachekey import digest
+from protocol.deadline import deadline_after, has_expired
+from protocol.jobs import (
+    JOB_ID_RANDOM_BYTES,
+    SUBMIT_SCRIPT,
+    TRANSITION_SCRIPT,
+    JobRecord,
+    JobStatus,
+    idempotency_value,
+    job_id_issued_ms,
+    new_job_id,
+    parse_idempotency_value,
+    transition_args,
+)
+from protocol.keys import JOB_EVENTS_MAXLEN, Lane
+from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
+from runtime.faults import RETRYABLE
 from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9_-]{22}$")
+_JOB_ID = re.compile(r"^([A-Za-z0-9_-]{22}|[A-Za-z0-9_-]{32})$")
+"""Job ids: 32 characters (``protocol.jobs.new_job_id``); 22 for those issued before."""
 _IDEMPOTENCY_KEY = re.compile(r"^[\x21-\x7e]{1,255}$")
 
 
@@ -46,9 +70,15 @@ class Submitted:
     """True when an Idempotency-Key matched an earlier submission: no new job was made."""
 
 
-def new_job_id() -> str:
-    """128 random bits, URL-safe: unguessable, so a job id is its own access token."""
-    return secrets.token_urlsafe(16)
+def request_digest(asked_version: str | None, body: InferRequestBody) -> str:
+    """What makes two job submissions the same request: the inputs (whether sent as JSON or as
+    binary data), the requested outputs and their form, the version asked for (not the one a
+    traffic split picked), the request id and parameters."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(digest(body.inputs, body.outputs).encode())
+    rest = [asked_version, body.client_id, body.parameters, sorted(body.binary_outputs)]
+    h.update(json.dumps([*rest, body.binary_all], sort_keys=True, separators=(",", ":")).encode())
+    return h.hexdigest()
 
 
 def iso(ms: int) -> str | None:
@@ -68,6 +98,7 @@ class JobService:
         self.clock = inference.clock
         self._redis = inference.pipeline.redis
         self._transition: AsyncScript = self._redis.register_script(TRANSITION_SCRIPT)
+        self._submit: AsyncScript = self._redis.register_script(SUBMIT_SCRIPT)
 
     async def submit(
         self,
@@ -79,6 +110,7 @@ class JobService:
         idempotency_key: str | None,
         traceparent: str | None,
     ) -> Submitted:
+        asked = version or None
         entry, version = await self.inference.model(name, version)
         ROUTED_VERSION.set(version)
         meta = entry.metadata
@@ -97,53 +129,54 @@ class JobService:
         timeout_ms = timeout_us // 1000 if timeout_us else self.settings.job_timeout_s * 1000
         timeout_ms = max(1, min(timeout_ms, self.settings.job_ttl_s * 1000))
         lane = Lane.for_priority(sched.priority) if "priority" in body.parameters else Lane.LOW
-        job_id = new_job_id()
+        job_id = new_job_id(self.clock.now_ms(), secrets.token_bytes(JOB_ID_RANDOM_BYTES))
         ttl_ms = self.settings.job_ttl_s * 1000
         trace = REQUEST_TRACE.get()
         trace.since_start("receive and validate")
         enqueue = trace.start("enqueue")  # the worker's spans of this job join it
+        now = self.clock.now_ms()
+        record = JobRecord(
+            id=job_id,
+            model=name,
+            version=version,
+            status=JobStatus.QUEUED,
+            created_ms=now,
+            deadline_ms=deadline_after(now, timeout_ms),
+            client_id=body.client_id or "",
+            binary_outputs=tuple(sorted(body.binary_outputs)),
+            binary_all=body.binary_all,
+        )
+        request = InferRequest(
+            id=job_id,
+            model=name,
+            version=version,
+            inputs=body.inputs,
+            outputs=body.outputs,
+            deadline_ms=record.deadline_ms,
+            enqueued_ms=now,
+            result_key="",
+            result_ttl_ms=ttl_ms,
+            kind=Kind.JOB,
+            priority=sched.priority,
+            client_id=body.client_id,
+            traceparent=enqueue.propagate(traceparent),
+        )
+        idem = self.keys.idempotency(name, idempotency_key) if idempotency_key else None
+        value = idempotency_value(job_id, request_digest(asked, body)) if idem else ""
+        replacing = b""
         try:
-            if idempotency_key is not None:
-                existing = await self._claim_idempotency(name, idempotency_key, job_id, ttl_ms)
+            for _ in range(3):
+                earlier = await self._enqueue(record, request, lane, idem, value, replacing, ttl_ms)
+                if earlier is None:
+                    break
+                existing = await self._replay(name, idempotency_key or "", earlier, value)
                 if existing is not None:
                     return Submitted(existing, replayed=True)
-            now = self.clock.now_ms()
-            record = JobRecord(
-                id=job_id,
-                model=name,
-                version=version,
-                status=JobStatus.QUEUED,
-                created_ms=now,
-                deadline_ms=now + timeout_ms,
-                client_id=body.client_id or "",
-                binary_outputs=tuple(sorted(body.binary_outputs)),
-                binary_all=body.binary_all,
-            )
-            request = InferRequest(
-                id=job_id,
-                model=name,
-                version=version,
-                inputs=body.inputs,
-                outputs=body.outputs,
-                deadline_ms=record.deadline_ms,
-                enqueued_ms=now,
-                result_key="",
-                result_ttl_ms=ttl_ms,
-                kind=Kind.JOB,
-                priority=sched.priority,
-                client_id=body.client_id,
-                traceparent=enqueue.propagate(traceparent),
-            )
-            # One round trip, in order: the record exists before any worker can read the job.
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.hset(self.keys.job(job_id), mapping=cast(Any, record.to_fields()))
-            pipe.pexpire(self.keys.job(job_id), ttl_ms)
-            pipe.xadd(self.keys.stream(name, lane), {FIELD: request.encode()})
-            await pipe.execute()
-        except (RedisError, OSError) as e:
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
+                replacing = earlier  # its job is past retention: the key is free again
+            else:
+                raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
+        except RETRYABLE as e:
+            raise redis_unavailable(e, "queue the job") from e
         finally:
             enqueue.end()
         self.registry.note_queued(name)
@@ -157,21 +190,47 @@ class JobService:
         )
         return Submitted(record, replayed=False)
 
-    async def _claim_idempotency(
-        self, model: str, key: str, job_id: str, ttl_ms: int
-    ) -> JobRecord | None:
-        """The earlier job under this key, or None after claiming the key for ``job_id``."""
-        idem = self.keys.idempotency(model, key)
-        for _ in range(3):
-            if await self._redis.set(idem, job_id, nx=True, px=ttl_ms):
-                return None
-            earlier = cast(bytes | None, await self._redis.get(idem))
-            if earlier is not None:
-                record = await self._load(earlier.decode())
-                if record is not None:
-                    return record
-                await self._redis.delete(idem)  # its job has expired from retention
-        raise ServiceUnavailable("could not claim the Idempotency-Key; retry", retry_after_s=1)
+    async def _enqueue(
+        self,
+        record: JobRecord,
+        request: InferRequest,
+        lane: Lane,
+        idem: str | None,
+        value: str,
+        replacing: bytes,
+        ttl_ms: int,
+    ) -> bytes | None:
+        """Write the record, enqueue the job and claim the key, atomically (``SUBMIT_SCRIPT``).
+        None when queued; else the value of the key, which names an earlier job."""
+        keys = [self.keys.job(record.id), self.keys.stream(record.model, lane)]
+        if idem is not None:
+            keys.append(idem)
+        fields = [item for pair in record.to_fields().items() for item in pair]
+        reply = await self._submit(
+            keys=keys, args=[ttl_ms, FIELD, request.encode(), value, replacing, *fields]
+        )
+        return None if reply[0] == 0 else cast(bytes, reply[1])
+
+    async def _replay(self, model: str, key: str, earlier: bytes, value: str) -> JobRecord | None:
+        """The earlier job under an Idempotency-Key, if the request is the same (422 if not);
+        None when that job is past retention."""
+        try:
+            job_id, earlier_digest = parse_idempotency_value(earlier)
+        except ProtocolError:
+            return None  # unreadable: take the key over
+        record = await self._load(job_id)
+        if record is None:
+            return None
+        _, digest = parse_idempotency_value(value.encode())
+        if earlier_digest and earlier_digest != digest:
+            # The job id is not in the message: keys are scoped per model, not per caller, and
+            # a job id is what gives access to a job's result.
+            raise UnprocessableContent(
+                f"Idempotency-Key '{key}' was already used for model '{model}' with a different "
+                "request; a key can be reused only to retry the same request (same inputs, "
+                "outputs, version and parameters): use a new key for a new request"
+            )
+        return record
 
     async def _load(self, job_id: str) -> JobRecord | None:
         raw = cast(dict[bytes, bytes], await self._redis.hgetall(self.keys.job(job_id)))
@@ -182,7 +241,9 @@ class JobService:
         except ProtocolError as e:
             log.error("unreadable job record", job_id=job_id, error=str(e))
             return None
-        if record.status is JobStatus.QUEUED and self.clock.now_ms() >= record.deadline_ms:
+        if record.status is JobStatus.QUEUED and has_expired(
+            record.deadline_ms, self.clock.now_ms()
+        ):
             # Nobody ran it in time: make that final, so no worker starts it now.
             await self._move(
                 record,
@@ -201,7 +262,10 @@ class JobService:
             ],
         )
         await self._redis.xadd(
-            self.keys.job_events, {b"job": record.id}, maxlen=100_000, approximate=True
+            self.keys.job_events,
+            {JOB_EVENT_FIELD: record.id},
+            maxlen=JOB_EVENTS_MAXLEN,
+            approximate=True,
         )
         return before[0] if before else None
 
@@ -225,21 +289,32 @@ class JobService:
     async def _read(self, job_id: str) -> JobRecord:
         try:
             record = await self._load(job_id)
-        except (RedisError, OSError) as e:
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
+        except RETRYABLE as e:
+            raise redis_unavailable(e, "read the job") from e
         if record is None:
-            raise NotFound(f"no job '{job_id}' (unknown, or past its retention)")
+            raise self._missing(job_id)
         return record
+
+    def _missing(self, job_id: str) -> Gone | NotFound:
+        """404 for an id nobody issued or a job past its retention; 410 for a job issued within
+        the retention window whose record is gone: Redis lost it."""
+        issued_ms = job_id_issued_ms(job_id)
+        now_ms = self.clock.now_ms()
+        if issued_ms is not None and 0 <= now_ms - issued_ms < self.settings.job_ttl_s * 1000:
+            return Gone(
+                f"job '{job_id}' was accepted at {iso(issued_ms)}, but Redis no longer has its "
+                "record: Redis lost data (it restarted without persistence, or evicted keys "
+                "under its maxmemory-policy). The job may not have run; submit it again"
+            )
+        return NotFound(f"no job '{job_id}' (unknown, or past its retention)")
 
     async def cancel(self, job_id: str) -> JobRecord:
         record = await self.get(job_id)
         if record.status is JobStatus.QUEUED:
             try:
                 before = await self._move(record, JobStatus.CANCELLED)
-            except (RedisError, OSError) as e:
-                raise ServiceUnavailable(f"the queue (Redis) is unreachable: {e}") from e
+            except RETRYABLE as e:
+                raise redis_unavailable(e, "cancel the job") from e
             record = await self.get(job_id)
             if before == JobStatus.QUEUED.value.encode():
                 log.info("job cancelled", job_id=job_id, model=record.model)

@@ -39,8 +39,15 @@ from starlette.responses import Response
 
 from protocol.keys import Keys
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
 from runtime.lag import LagError, collect, dead_letters
-from runtime.metrics import BYTES_BUCKETS, LATENCY_BUCKETS, exposition, new_registry
+from runtime.metrics import (
+    BYTES_BUCKETS,
+    LATENCY_BUCKETS,
+    RuntimeGauges,
+    exposition,
+    new_registry,
+)
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -69,7 +76,7 @@ REJECT_REASONS = (
 """Values of the ``reason`` label of ``inferq_gateway_rejected_total``, one per way a request is
 turned away before it is queued: no live worker (503), the backlog at ``max_backlog`` (429), the
 estimated queue wait longer than the deadline (429), the model's circuit breaker open (503),
-Redis unreachable (503). Anything else is recorded as ``other``."""
+Redis unreachable or refusing writes (503). Anything else is recorded as ``other``."""
 
 STREAM_REFRESH_S = 5.0
 
@@ -188,6 +195,7 @@ class GatewayMetrics:
             "Refreshes of the stream gauges that failed (Redis unreachable or refused).",
             registry=r,
         )
+        self.runtime = RuntimeGauges(r)
 
     def observe_request(
         self,
@@ -256,8 +264,10 @@ class StreamGauges:
         clock_now_ms: Callable[[], int] | None = None,
         *,
         interval_s: float = STREAM_REFRESH_S,
+        backoff: Backoff | None = None,
     ) -> None:
         self.metrics = metrics
+        self._backoff = backoff or Backoff("stream-gauges", log, critical=False)
         self._redis = redis
         self._keys = keys
         self._now_ms = clock_now_ms
@@ -265,7 +275,6 @@ class StreamGauges:
         self._lanes: set[tuple[str, str]] = set()
         self._models: set[str] = set()
         self._task: asyncio.Task[None] | None = None
-        self._failing = False
 
     async def refresh(self) -> None:
         """One refresh; Redis errors propagate (``run`` counts and logs them)."""
@@ -302,14 +311,10 @@ class StreamGauges:
         while not cancelling():
             try:
                 await self.refresh()
-                if self._failing:
-                    log.info("stream gauges refreshed again")
-                self._failing = False
-            except (RedisError, OSError, LagError) as e:
+                self._backoff.succeeded()
+            except (RedisError, OSError, LagError) as e:  # runtime.faults.RETRYABLE and more
                 self.metrics.stream_refresh_failures.inc()
-                if not self._failing:
-                    log.warning("stream gauges not refreshed", error=str(e))
-                self._failing = True
+                self._backoff.record(e)
             await asyncio.sleep(self.interval_s)
 
     def start(self) -> None:

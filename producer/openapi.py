@@ -1,339 +1,326 @@
 """The OpenAPI 3 description of the gateway's HTTP API, served at ``GET /openapi.json``.
 
-Written by hand from the Open Inference Protocol (KServe V2) REST specification plus inferq's
-async-jobs extension; the fuzz tests generate requests from it and check that no input makes the
-gateway answer 5xx or hang.
+Derived, not written out: every documented route of the table in :mod:`producer.app` is an
+:class:`ApiRoute` that carries its :class:`Operation` (summary, request body, answers, error
+statuses, query and header parameters), and :func:`document` walks that table. A path, its
+methods and its path parameters therefore exist once, in the route. The schemas of the Open
+Inference Protocol (KServe V2) messages and of inferq's async jobs are defined once, below.
+The fuzz tests generate requests from the document and check that no input makes the gateway
+answer 5xx or hang.
 """
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute, Route
 
 import runtime
 from protocol.tensor import DATATYPES
 
+__all__ = ["SCHEMAS", "ApiRoute", "Operation", "Reply", "document"]
+
+#: Why the gateway answers each error status (the body is always ``{"error": "..."}``).
+ERROR_REASONS = {
+    400: "invalid request (a readable message says what)",
+    401: "no admin token sent (model-control API)",
+    403: "wrong admin token, or the model-control API is disabled",
+    404: "unknown model, version, job or endpoint",
+    408: "the request's headers or body did not arrive in time; the connection is closed",
+    409: "the job has already started or finished; or another load of the model is running",
+    410: "the job was accepted within its retention, but Redis lost its record (submit it again)",
+    413: "request body too large (or larger than the gateway admits in flight)",
+    415: "unsupported Content-Type or Content-Encoding",
+    422: "the Idempotency-Key was already used for this model with a different request",
+    429: "overloaded, backlog full, or too many bytes in flight; see Retry-After",
+    500: "the model failed",
+    503: "no live worker, Redis unreachable or refusing writes, Redis lost the request, or the "
+    "model's breaker is open; see Retry-After",
+    504: "the request's deadline passed",
+}
+
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 
-
-def _errors(*codes: int) -> dict[str, Any]:
-    reasons = {
-        400: "invalid request (a readable message says what)",
-        401: "no admin token sent (model-control API)",
-        403: "wrong admin token, or the model-control API is disabled",
-        404: "unknown model, version, job or endpoint",
-        409: "the job has already started or finished; or another load of the model is running",
-        413: "request body too large",
-        415: "unsupported Content-Type or Content-Encoding",
-        429: "overloaded or backlog full; see Retry-After",
-        500: "the model failed",
-        503: "no live worker, Redis unreachable, or the model's breaker is open; see Retry-After",
-        504: "the request's deadline passed",
-    }
-    return {
-        str(c): {
-            "description": reasons[c],
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+_TENSOR: dict[str, Any] = {
+    "type": "object",
+    "required": ["name", "datatype", "shape"],
+    "properties": {
+        "name": {"type": "string"},
+        "datatype": {"type": "string", "enum": sorted(DATATYPES)},
+        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        "data": {"type": "array", "items": {}},
+        "parameters": {"type": "object"},
+    },
+}
+SCHEMAS: dict[str, Any] = {
+    "Error": _ERROR,
+    "InferInput": _TENSOR,
+    "InferRequest": {
+        "type": "object",
+        "required": ["inputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "timeout": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": "deadline in microseconds",
+                    },
+                    "priority": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": "1 highest; 0 default; 2+ low",
+                    },
+                    "cache": {"type": "boolean"},
+                    "binary_data_output": {"type": "boolean"},
+                },
+            },
+            "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/InferInput"}},
+            "outputs": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {
+                        "name": {"type": "string"},
+                        "parameters": {"type": "object"},
+                    },
+                },
+            },
+        },
+    },
+    "InferResponse": {
+        "type": "object",
+        "required": ["model_name", "outputs"],
+        "properties": {
+            "id": {"type": "string"},
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "outputs": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "ModelMetadata": {
+        "type": "object",
+        "required": ["name", "versions", "platform", "inputs", "outputs"],
+        "properties": {
+            "name": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "string"}},
+            "platform": {"type": "string"},
+            "inputs": {"type": "array", "items": {"type": "object"}},
+            "outputs": {"type": "array", "items": {"type": "object"}},
+        },
+    },
+    "Job": {
+        "type": "object",
+        "required": ["id", "model_name", "status"],
+        "properties": {
+            "id": {"type": "string"},
+            "model_name": {"type": "string"},
+            "model_version": {"type": "string"},
+            "status": {
+                "type": "string",
+                "enum": ["queued", "running", "succeeded", "failed", "expired", "cancelled"],
+            },
+            "created_at": {"type": "string", "nullable": True},
+            "started_at": {"type": "string", "nullable": True},
+            "finished_at": {"type": "string", "nullable": True},
+            "result": {"$ref": "#/components/schemas/InferResponse"},
+            "error": {"type": "string"},
+        },
+    },
+}
+#: Inline schemas of the bodies that are not V2 messages.
+OBJECT: dict[str, Any] = {"type": "object"}
+INDEX_REQUEST: dict[str, Any] = {"type": "object", "properties": {"ready": {"type": "boolean"}}}
+INDEX_RESPONSE: dict[str, Any] = {"type": "array", "items": {"type": "object"}}
+MODEL_CONTROL: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "parameters": {
+            "type": "object",
+            "description": "'version' (serve only that version) or 'weights' "
+            "(version -> relative share of requests that name no version); "
+            "neither: as the repository config says",
+            "properties": {
+                "version": {"type": "string"},
+                "weights": {
+                    "type": "object",
+                    "additionalProperties": {"type": "number", "minimum": 0},
+                },
+            },
         }
-        for c in codes
-    }
+    },
+}
+
+Schema = str | Mapping[str, Any]
+"""A component of :data:`SCHEMAS` by name, or an inline JSON schema."""
 
 
-def _json(ref: str, description: str) -> dict[str, Any]:
-    return {
-        "description": description,
-        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{ref}"}}},
-    }
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One documented answer: a description and, when it has a JSON body, its schema."""
+
+    description: str
+    schema: Schema | None = None
 
 
-def _params(*names: str) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class Operation:
+    """What the OpenAPI document says about one route, beside what the route itself says
+    (its path, path parameters and methods)."""
+
+    summary: str
+    replies: Mapping[int, Reply]
+    errors: tuple[int, ...] = ()
+    body: Schema | None = None
+    body_required: bool = True
+    query: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    headers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    admin: bool = False
+
+
+class ApiRoute(Route):
+    """A Starlette route that also carries its :class:`Operation`; ``name`` is the endpoint
+    label of the gateway's request metrics."""
+
+    def __init__(
+        self,
+        path: str,
+        endpoint: Callable[..., Any],
+        operation: Operation,
+        *,
+        name: str,
+        methods: list[str] | None = None,
+        middleware: Sequence[Middleware] | None = None,
+    ) -> None:
+        super().__init__(path, endpoint, methods=methods, name=name, middleware=middleware)
+        self.operation = operation
+
+
+# What each operation of the route table (producer.app.routes) says, beside its path and methods.
+INFER = Operation(
+    "Inference (JSON, or the binary tensor extension)",
+    {200: Reply("outputs", "InferResponse")},
+    errors=(400, 404, 408, 413, 415, 429, 500, 503, 504),
+    body="InferRequest",
+)
+SUBMIT_JOB = Operation(
+    "Submit an async job",
+    {202: Reply("queued", "Job")},
+    errors=(400, 404, 408, 413, 415, 422, 429, 503),
+    body="InferRequest",
+    headers={"Idempotency-Key": {"type": "string"}},
+)
+MODEL_METADATA = Operation(
+    "Model metadata", {200: Reply("metadata", "ModelMetadata")}, errors=(404,)
+)
+MODEL_READY = Operation(
+    "Model readiness", {200: Reply("ready"), 503: Reply("not ready")}, errors=(404,)
+)
+LIVENESS = Operation("Liveness", {200: Reply("live", OBJECT)})
+READINESS = Operation("Readiness", {200: Reply("ready", OBJECT), 503: Reply("not ready", OBJECT)})
+SERVER_METADATA = Operation("Server metadata", {200: Reply("name, version and extensions", OBJECT)})
+JOB_STATUS = Operation(
+    "A job, long-polled with ?wait=",
+    {200: Reply("the job", "Job")},
+    errors=(400, 404, 410, 503),
+    query={"wait": {"type": "number", "minimum": 0, "maximum": 1}},
+)
+JOB_CANCEL = Operation(
+    "Cancel a job that has not started",
+    {200: Reply("the cancelled job", "Job")},
+    errors=(404, 409, 410, 503),
+)
+REPOSITORY_INDEX = Operation(
+    "Every model version and its state (Triton's repository index)",
+    {200: Reply("name, version, state (READY or UNAVAILABLE), reason, traffic", INDEX_RESPONSE)},
+    errors=(400, 401, 403, 503),
+    body=INDEX_REQUEST,
+    body_required=False,
+    admin=True,
+)
+REPOSITORY_LOAD = Operation(
+    "Load versions on every worker, warm them, then switch traffic",
+    {200: Reply("the committed policy and each worker's load time")},
+    errors=(400, 401, 403, 404, 409, 503),
+    body=MODEL_CONTROL,
+    body_required=False,
+    admin=True,
+)
+REPOSITORY_UNLOAD = Operation(
+    "Unload the model, or one version with {'parameters': {'version': v}}",
+    {200: Reply("the policy left")},
+    errors=(400, 401, 403, 404, 409, 503),
+    body=MODEL_CONTROL,
+    body_required=False,
+    admin=True,
+)
+
+
+def _schema(schema: Schema) -> dict[str, Any]:
+    if isinstance(schema, str):
+        if schema not in SCHEMAS:
+            raise KeyError(f"no schema named {schema!r}")
+        return {"$ref": f"#/components/schemas/{schema}"}
+    return dict(schema)
+
+
+def _json(schema: Schema) -> dict[str, Any]:
+    return {"application/json": {"schema": _schema(schema)}}
+
+
+def _reply(reply: Reply) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": reply.description}
+    if reply.schema is not None:
+        out["content"] = _json(reply.schema)
+    return out
+
+
+def _parameters(where: str, params: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [
-        {"name": n, "in": "path", "required": True, "schema": {"type": "string"}} for n in names
+        {"name": name, "in": where, "required": False, "schema": dict(schema)}
+        for name, schema in params.items()
     ]
 
 
-def document() -> dict[str, Any]:
-    tensor = {
-        "type": "object",
-        "required": ["name", "datatype", "shape"],
-        "properties": {
-            "name": {"type": "string"},
-            "datatype": {"type": "string", "enum": sorted(DATATYPES)},
-            "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-            "data": {"type": "array", "items": {}},
-            "parameters": {"type": "object"},
-        },
-    }
-    schemas = {
-        "Error": _ERROR,
-        "InferInput": tensor,
-        "InferRequest": {
-            "type": "object",
-            "required": ["inputs"],
-            "properties": {
-                "id": {"type": "string"},
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "timeout": {
-                            "type": "integer",
-                            "minimum": 0,
-                            "description": "deadline in microseconds",
-                        },
-                        "priority": {
-                            "type": "integer",
-                            "minimum": 0,
-                            "description": "1 highest; 0 default; 2+ low",
-                        },
-                        "cache": {"type": "boolean"},
-                        "binary_data_output": {"type": "boolean"},
-                    },
-                },
-                "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/InferInput"}},
-                "outputs": {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["name"],
-                        "properties": {
-                            "name": {"type": "string"},
-                            "parameters": {"type": "object"},
-                        },
-                    },
-                },
-            },
-        },
-        "InferResponse": {
-            "type": "object",
-            "required": ["model_name", "outputs"],
-            "properties": {
-                "id": {"type": "string"},
-                "model_name": {"type": "string"},
-                "model_version": {"type": "string"},
-                "outputs": {"type": "array", "items": {"type": "object"}},
-            },
-        },
-        "ModelMetadata": {
-            "type": "object",
-            "required": ["name", "versions", "platform", "inputs", "outputs"],
-            "properties": {
-                "name": {"type": "string"},
-                "versions": {"type": "array", "items": {"type": "string"}},
-                "platform": {"type": "string"},
-                "inputs": {"type": "array", "items": {"type": "object"}},
-                "outputs": {"type": "array", "items": {"type": "object"}},
-            },
-        },
-        "Job": {
-            "type": "object",
-            "required": ["id", "model_name", "status"],
-            "properties": {
-                "id": {"type": "string"},
-                "model_name": {"type": "string"},
-                "model_version": {"type": "string"},
-                "status": {
-                    "type": "string",
-                    "enum": ["queued", "running", "succeeded", "failed", "expired", "cancelled"],
-                },
-                "created_at": {"type": "string", "nullable": True},
-                "started_at": {"type": "string", "nullable": True},
-                "finished_at": {"type": "string", "nullable": True},
-                "result": {"$ref": "#/components/schemas/InferResponse"},
-                "error": {"type": "string"},
-            },
-        },
-    }
-    infer_body = {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/InferRequest"}},
-        },
-    }
-    health = {"type": "object"}
-    paths: dict[str, Any] = {
-        "/v2/health/live": {
-            "get": {
-                "summary": "Liveness",
-                "responses": {
-                    "200": {
-                        "description": "live",
-                        "content": {"application/json": {"schema": health}},
-                    }
-                },
-            }
-        },
-        "/v2/health/ready": {
-            "get": {
-                "summary": "Readiness",
-                "responses": {
-                    "200": {
-                        "description": "ready",
-                        "content": {"application/json": {"schema": health}},
-                    },
-                    "503": {
-                        "description": "not ready",
-                        "content": {"application/json": {"schema": health}},
-                    },
-                },
-            }
-        },
-        "/v2": {
-            "get": {
-                "summary": "Server metadata",
-                "responses": {
-                    "200": {
-                        "description": "name, version and extensions",
-                        "content": {"application/json": {"schema": {"type": "object"}}},
-                    }
-                },
-            }
-        },
-        "/v2/jobs/{job}": {
-            "parameters": _params("job"),
-            "get": {
-                "summary": "A job, long-polled with ?wait=",
-                "parameters": [
-                    {
-                        "name": "wait",
-                        "in": "query",
-                        "required": False,
-                        "schema": {"type": "number", "minimum": 0, "maximum": 1},
-                    }
-                ],
-                "responses": {"200": _json("Job", "the job"), **_errors(400, 404, 503)},
-            },
-            "delete": {
-                "summary": "Cancel a job that has not started",
-                "responses": {"200": _json("Job", "the cancelled job"), **_errors(404, 409, 503)},
-            },
-        },
-    }
-    for base, names in (
-        ("/v2/models/{model}", ("model",)),
-        ("/v2/models/{model}/versions/{version}", ("model", "version")),
-    ):
-        paths[base] = {
-            "parameters": _params(*names),
-            "get": {
-                "summary": "Model metadata",
-                "responses": {"200": _json("ModelMetadata", "metadata"), **_errors(404)},
-            },
-        }
-        paths[base + "/ready"] = {
-            "parameters": _params(*names),
-            "get": {
-                "summary": "Model readiness",
-                "responses": {
-                    "200": {"description": "ready"},
-                    "503": {"description": "not ready"},
-                    **_errors(404),
-                },
-            },
-        }
-        paths[base + "/infer"] = {
-            "parameters": _params(*names),
-            "post": {
-                "summary": "Inference (JSON, or the binary tensor extension)",
-                "requestBody": infer_body,
-                "responses": {
-                    "200": _json("InferResponse", "outputs"),
-                    **_errors(400, 404, 413, 415, 429, 500, 503, 504),
-                },
-            },
-        }
-        paths[base + "/jobs"] = {
-            "parameters": _params(*names),
-            "post": {
-                "summary": "Submit an async job",
-                "requestBody": infer_body,
-                "parameters": [
-                    {
-                        "name": "Idempotency-Key",
-                        "in": "header",
-                        "required": False,
-                        "schema": {"type": "string"},
-                    }
-                ],
-                "responses": {
-                    "202": _json("Job", "queued"),
-                    **_errors(400, 404, 413, 415, 429, 503),
-                },
-            },
-        }
-    admin: list[dict[str, list[str]]] = [{"adminToken": []}]
-    load_body = {
-        "required": False,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "properties": {
-                        "parameters": {
-                            "type": "object",
-                            "description": "'version' (serve only that version) or 'weights' "
-                            "(version -> relative share of requests that name no version); "
-                            "neither: as the repository config says",
-                            "properties": {
-                                "version": {"type": "string"},
-                                "weights": {
-                                    "type": "object",
-                                    "additionalProperties": {"type": "number", "minimum": 0},
-                                },
-                            },
-                        }
-                    },
-                }
-            }
-        },
-    }
-    paths["/v2/repository/index"] = {
-        "post": {
-            "summary": "Every model version and its state (Triton's repository index)",
-            "security": admin,
-            "requestBody": {
-                "required": False,
-                "content": {
-                    "application/json": {
-                        "schema": {"type": "object", "properties": {"ready": {"type": "boolean"}}}
-                    }
-                },
-            },
-            "responses": {
-                "200": {
-                    "description": "name, version, state (READY or UNAVAILABLE), reason, traffic",
-                    "content": {
-                        "application/json": {
-                            "schema": {"type": "array", "items": {"type": "object"}}
-                        }
-                    },
-                },
-                **_errors(400, 401, 403, 503),
-            },
-        }
-    }
-    paths["/v2/repository/models/{model}/load"] = {
-        "parameters": _params("model"),
-        "post": {
-            "summary": "Load versions on every worker, warm them, then switch traffic",
-            "security": admin,
-            "requestBody": load_body,
-            "responses": {
-                "200": {"description": "the committed policy and each worker's load time"},
-                **_errors(400, 401, 403, 404, 409, 503),
-            },
-        },
-    }
-    paths["/v2/repository/models/{model}/unload"] = {
-        "parameters": _params("model"),
-        "post": {
-            "summary": "Unload the model, or one version with {'parameters': {'version': v}}",
-            "security": admin,
-            "requestBody": load_body,
-            "responses": {
-                "200": {"description": "the policy left"},
-                **_errors(400, 401, 403, 404, 409, 503),
-            },
-        },
-    }
+def operation_object(op: Operation) -> dict[str, Any]:
+    """The OpenAPI operation object of ``op``."""
+    out: dict[str, Any] = {"summary": op.summary}
+    if op.admin:
+        out["security"] = [{"adminToken": []}]
+    parameters = _parameters("query", op.query) + _parameters("header", op.headers)
+    if parameters:
+        out["parameters"] = parameters
+    if op.body is not None:
+        out["requestBody"] = {"required": op.body_required, "content": _json(op.body)}
+    responses = {str(status): _reply(reply) for status, reply in op.replies.items()}
+    for status in op.errors:
+        responses[str(status)] = _reply(Reply(ERROR_REASONS[status], "Error"))
+    out["responses"] = responses
+    return out
+
+
+def document(routes: Iterable[BaseRoute]) -> dict[str, Any]:
+    """The OpenAPI document of every :class:`ApiRoute` in ``routes`` (others are left out)."""
+    paths: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        if not isinstance(route, ApiRoute):
+            continue
+        item = paths.setdefault(route.path, {})
+        if route.param_convertors:
+            item["parameters"] = [
+                {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
+                for name in route.param_convertors
+            ]
+        for method in sorted(route.methods or {"GET"}):
+            if method != "HEAD":  # Starlette answers HEAD wherever GET is routed
+                item[method.lower()] = operation_object(route.operation)
     return {
         "openapi": "3.0.3",
         "info": {
@@ -344,7 +331,7 @@ def document() -> dict[str, Any]:
         },
         "paths": paths,
         "components": {
-            "schemas": schemas,
+            "schemas": copy.deepcopy(SCHEMAS),
             "securitySchemes": {"adminToken": {"type": "http", "scheme": "bearer"}},
         },
     }

@@ -30,11 +30,16 @@ class AutoPipeline:
 
     async def execute(self, *args: Any, **options: Any) -> Any:
         """Queue one command and wait for its reply (an error reply raises)."""
+        return await self.submit(*args, **options)
+
+    def submit(self, *args: Any, **options: Any) -> asyncio.Future[Any]:
+        """Queue one command without waiting: its reply, or error, lands on the future. For
+        writes nobody waits on (from a callback, or a task being cancelled)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._queue.append((args, options, future))
         if not self._scheduled:
             self._schedule()
-        return await future
+        return future
 
     def _schedule(self) -> None:
         self._scheduled = True

@@ -1,8 +1,9 @@
 """What the gateway knows about models: read from the workers' advertisements in Redis.
 
 Refreshed on a schedule (one ``ZRANGEBYSCORE`` of live workers and one ``MGET`` of their
-advertisements), never per request. A model is *known* if any worker ever published it (the
-``models`` hash), and *available* while at least one live worker serves it.
+advertisements; also Redis's ``maxmemory-policy``, see ``runtime.eviction``), never per
+request. A model is *known* if any worker ever published it (the ``models`` hash), and
+*available* while at least one live worker serves it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import RedisError
 
 from protocol import ProtocolError
 from protocol.control import LoadReport, VersionPolicy, version_order
@@ -23,7 +23,10 @@ from protocol.envelope import decode_hash
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.registry import ModelMetadata, WorkerInfo
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
 from runtime.connections import RedisClock
+from runtime.eviction import EvictionCheck
+from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -92,9 +95,18 @@ def _entry(
 
 class ModelRegistry:
     def __init__(
-        self, redis: aioredis.Redis, keys: Keys, clock: RedisClock, *, refresh_s: float
+        self,
+        redis: aioredis.Redis,
+        keys: Keys,
+        clock: RedisClock,
+        *,
+        refresh_s: float,
+        eviction: EvictionCheck | None = None,
+        backoff: Backoff | None = None,
     ) -> None:
         self._redis = redis
+        self._eviction = eviction
+        self._backoff = backoff or Backoff("registry", log)
         self._keys = keys
         self._clock = clock
         self._refresh_s = refresh_s
@@ -145,14 +157,19 @@ class ModelRegistry:
                 pipe = self._redis.pipeline(transaction=False)
                 queue_snapshot(pipe, self._keys, ids)
                 replies = await pipe.execute()
-            except (RedisError, OSError) as e:
-                if self.redis_ok:
-                    log.warning("registry refresh failed", error=str(e))
+                if self._eviction is not None:
+                    await self._eviction.refresh(self._redis)
+            except RETRYABLE as e:
+                self._backoff.record(e)
                 self.redis_ok = False
                 return
+            self._backoff.succeeded()
             self.redis_ok = True
             self._last_refresh = time.monotonic()
             workers, known, policies = parse_snapshot(ids, replies)
+            # Models are never removed from the models hash, so one gone from it was lost with
+            # Redis's data (evicted, or a restart): still known here, served once workers are.
+            known = {**self._known, **known}
             self._workers, self._known, self._policies = workers, known, policies
             self.models = merge(workers, known, policies)
             self._queued_since = {}
@@ -167,7 +184,7 @@ class ModelRegistry:
                 pipe.xinfo_groups(stream)
         try:
             replies = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError):
+        except RETRYABLE:
             return
         backlog: dict[tuple[str, Lane], int] = {}
         for i, name in enumerate(names):
@@ -177,6 +194,8 @@ class ModelRegistry:
         self._backlog = backlog
 
     async def run(self) -> None:
+        """Refresh every ``refresh_s``. A failed refresh keeps what was known, reports the
+        failure to readiness and is retried at the next tick (errors never end the loop)."""
         while not cancelling():
             await asyncio.sleep(self._refresh_s)
             await self.refresh()

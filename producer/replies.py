@@ -8,6 +8,13 @@ it stopped and no result is lost; it trims what it has read (``XTRIM MINID``, ev
 entries or second, in the same round trip as a read). The stream carries a TTL that the gateway
 refreshes; workers write with ``NOMKSTREAM``, so the stream of a gateway that died expires and is
 not recreated.
+
+Both loops (the listener and the keepalive) survive every Redis error with backoff, and report
+their health to readiness. The keepalive notices when the stream it keeps alive has vanished
+(its TTL ran out while Redis refused writes, Redis evicted it or restarted empty): it recreates
+it and sweeps the waiting requests at once (``producer.losses``), answering those whose results
+are stored and failing those Redis lost. Every keepalive also sweeps, so requests whose entries
+vanished from a request stream are failed within two heartbeats rather than at their deadline.
 """
 
 from __future__ import annotations
@@ -18,29 +25,24 @@ from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from producer.errors import ServiceUnavailable
+from producer.losses import Waiter, sweep
 from protocol import ProtocolError
-from protocol.messages import FIELD, InferResult
+from protocol.keys import next_id, text
+from protocol.messages import FIELD, JOB_EVENT_FIELD, KEEPALIVE_FIELD, InferResult
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
+from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.gateway")
 
-_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 TRIM_EVERY = 1000
-MAX_BACKOFF_S = 1.0
-"""Reconnect attempts are cheap; retrying at least every second brings service back fast."""
 TRIM_INTERVAL_S = 1.0
-
-
-def _next_id(entry_id: str) -> str:
-    ms, _, seq = entry_id.partition("-")
-    return f"{ms}-{int(seq or 0) + 1}"
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+LOST = (
+    "Redis lost the request before a worker answered it (Redis restarted without its data, or "
+    "evicted or trimmed the request stream); it may not have run. Retry it"
+)
 
 
 def _expire(future: asyncio.Future[InferResult]) -> None:
@@ -59,6 +61,8 @@ class ReplyListener:
         ttl_s: float,
         job_events: str | None = None,
         count: int = 1000,
+        reads: Backoff | None = None,
+        keepalives: Backoff | None = None,
     ) -> None:
         self._reader = reader
         self._commands = commands
@@ -66,22 +70,39 @@ class ReplyListener:
         self._block_ms = block_ms
         self._ttl_ms = int(ttl_s * 1000)
         self._count = count
-        self._waiters: dict[str, asyncio.Future[InferResult]] = {}
+        self._waiters: dict[str, Waiter] = {}
         self._last_id = "$"
+        self._made = False
+        """Whether this listener's stream has existed (so a missing one means it was lost)."""
         self.job_events = job_events
         self._events_id: str | None = None
         self._job_waiters: dict[str, set[asyncio.Future[None]]] = {}
-        self.healthy = False
+        self._reads = reads or Backoff("replies", log)
+        self._keepalives = keepalives or Backoff("reply-keepalive", log)
+        self.losses = 0
+        """Times the reply stream was found gone."""
+        self.lost = 0
+        """Waiting requests failed because Redis lost them."""
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
+    @property
+    def healthy(self) -> bool:
+        return self._reads.healthy and self._keepalives.healthy
+
     def expect(self, request_id: str) -> asyncio.Future[InferResult]:
         """Register interest before enqueueing, so even an instant reply finds its waiter."""
         future: asyncio.Future[InferResult] = asyncio.get_running_loop().create_future()
-        self._waiters[request_id] = future
+        self._waiters[request_id] = Waiter(future)
         return future
+
+    def queued(self, request_id: str, stream: str, entry_id: str, result_key: str) -> None:
+        """Where the request was queued: what a sweep checks to find it lost."""
+        waiter = self._waiters.get(request_id)
+        if waiter is not None:
+            waiter.stream, waiter.entry_id, waiter.result_key = stream, entry_id, result_key
 
     async def wait(self, future: asyncio.Future[InferResult], timeout_s: float) -> InferResult:
         """The result, or TimeoutError after ``timeout_s``. One timer per request and no extra
@@ -111,29 +132,66 @@ class ReplyListener:
     def forget(self, request_id: str) -> None:
         self._waiters.pop(request_id, None)
 
+    # -- the keepalive ---------------------------------------------------------------------
+
     async def keepalive(self) -> None:
-        """Create the stream if missing and push its expiry forward."""
+        """Create the stream if missing and push its expiry forward. Found missing after it
+        existed, the stream was lost with any replies on their way to it: sweep at once."""
         pipe = self._commands.pipeline(transaction=False)
-        pipe.xadd(self.key, {b"keepalive": b"1"})
+        pipe.exists(self.key)
+        pipe.xadd(self.key, {KEEPALIVE_FIELD: b"1"})
         pipe.pexpire(self.key, self._ttl_ms)
         if self.job_events is not None and self._events_id is None:
             pipe.xrevrange(self.job_events, count=1)
         replies = await pipe.execute()
+        lost = self._made and not replies[0]
+        self._made = True
         if self._last_id == "$":
-            self._last_id = _text(replies[0])
+            self._last_id = text(replies[1])
         if self.job_events is not None and self._events_id is None:
-            self._events_id = _text(replies[2][0][0]) if replies[2] else "0-0"
+            self._events_id = text(replies[3][0][0]) if replies[3] else "0-0"
+        if lost:
+            self.losses += 1
+            log.warning(
+                "the reply stream was gone (expired while Redis refused writes, evicted, or "
+                "Redis restarted empty); recreated it, checking the waiting requests",
+                stream=self.key,
+                waiting=len(self._waiters),
+            )
+            self._last_id = "0-0"  # read everything on the new stream
+            await self.sweep(after_loss=True)
+
+    async def sweep(self, *, after_loss: bool = False) -> None:
+        """Answer waiters whose results are stored, and fail those Redis lost (see
+        ``producer.losses``)."""
+        verdict = await sweep(self._commands, self._waiters, after_loss=after_loss)
+        for request_id, payload in verdict.found.items():
+            # By the waiter's id: a cache key holds the result of whichever request filled it.
+            self._resolve_payload(payload, request_id)
+        for request_id in verdict.lost:
+            waiter = self._waiters.pop(request_id, None)
+            if waiter is not None and not waiter.future.done():
+                waiter.future.set_exception(ServiceUnavailable(LOST, retry_after_s=1))
+                self.lost += 1
+        if verdict.lost:
+            log.warning("requests lost by Redis failed at once", count=len(verdict.lost))
 
     async def run_keepalive(self, interval_s: float) -> None:
+        """Keep the stream alive and sweep every ``interval_s``; on a Redis error, retry with
+        backoff (sooner than the interval), reporting the failure to readiness meanwhile."""
         while not cancelling():
-            await asyncio.sleep(interval_s)
             try:
                 await self.keepalive()
-            except _CONNECTION_ERRORS as e:
-                log.warning("reply stream keepalive failed", error=str(e))
+                await self.sweep()
+            except RETRYABLE as e:
+                await self._keepalives.failed(e)
+                continue
+            self._keepalives.succeeded()
+            await asyncio.sleep(interval_s)
+
+    # -- the listener ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        backoff = 0.05
         unread_trimmed = 0
         last_trim = time.monotonic()
         reconnected = False
@@ -151,57 +209,53 @@ class ReplyListener:
                     reconnected = False
                 pipe = self._reader.pipeline(transaction=False)
                 if trim:
-                    pipe.xtrim(self.key, minid=_next_id(self._last_id), approximate=False)
+                    pipe.xtrim(self.key, minid=next_id(self._last_id), approximate=False)
                 streams = {self.key: self._last_id}
                 if self.job_events is not None and self._events_id is not None:
                     streams[self.job_events] = self._events_id
                 pipe.xread(cast(Any, streams), count=self._count, block=self._block_ms)
                 replies = await pipe.execute()
-                self.healthy = True
-                backoff = 0.05
-            except _CONNECTION_ERRORS as e:
-                self.healthy = False
+            except RETRYABLE as e:
                 reconnected = True
-                log.warning(
-                    "reply listener lost Redis, reconnecting", error=str(e), backoff_s=backoff
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                await self._reads.failed(e)
                 continue
+            self._reads.succeeded()
             if trim:
                 unread_trimmed, last_trim = 0, time.monotonic()
             for stream, entries in replies[-1] or []:
-                if _text(stream) == self.job_events:
-                    self._events_id = _text(entries[-1][0])
+                if text(stream) == self.job_events:
+                    self._events_id = text(entries[-1][0])
                     for _, fields in entries:
                         self._job_changed(fields)
                     continue
                 for entry_id, fields in entries:
-                    self._last_id = _text(entry_id)
+                    self._last_id = text(entry_id)
                     unread_trimmed += 1
                     self._resolve(fields)
 
     def _job_changed(self, fields: dict[Any, Any]) -> None:
-        job_id = fields.get(b"job")
-        for future in self._job_waiters.pop(_text(job_id), ()) if job_id else ():
+        job_id = fields.get(JOB_EVENT_FIELD)
+        for future in self._job_waiters.pop(text(job_id), ()) if job_id else ():
             if not future.done():
                 future.set_result(None)
 
     def _resolve(self, fields: dict[Any, Any]) -> None:
         payload = fields.get(FIELD)
-        if payload is None:
-            return  # a keepalive entry
+        if payload is not None:  # else a keepalive entry
+            self._resolve_payload(payload)
+
+    def _resolve_payload(self, payload: bytes, request_id: str | None = None) -> None:
         try:
             result = InferResult.decode(payload)
         except ProtocolError as e:
             log.error("undecodable reply ignored", error=str(e))
             return
-        future = self._waiters.pop(result.id, None)
-        if future is not None and not future.done():
-            future.set_result(result)
+        waiter = self._waiters.pop(request_id or result.id, None)
+        if waiter is not None and not waiter.future.done():
+            waiter.future.set_result(result)
 
     def fail_all(self, error: Exception) -> None:
-        for future in self._waiters.values():
-            if not future.done():
-                future.set_exception(error)
+        for waiter in self._waiters.values():
+            if not waiter.future.done():
+                waiter.future.set_exception(error)
         self._waiters.clear()

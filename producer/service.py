@@ -4,32 +4,45 @@ Routes only do HTTP things (read the body, pick the response format) and call ``
 request on a cache miss this costs two Redis commands (GET of the cache key, XADD of the request),
 both sent through the auto-pipeline so concurrent requests share round trips; the result arrives
 on the gateway's reply stream with no further command.
+
+What every transport (HTTP, gRPC) does around ``infer``:
+
+- hold the request body's bytes with ``hold_body()`` from the moment its size is known until the
+  answer is sent (admission by memory, ``producer.inflight``);
+- tell the service when the caller goes away: pass ``disconnected`` (a coroutine function that
+  returns once the caller has hung up; it runs once the request has waited ``WATCH_AFTER_S``,
+  until it is answered), or call
+  ``abandon(request_id)``. Cancelling the task running ``infer`` (what a cancelled gRPC call
+  does) abandons the request too. An abandoned request stops being waited for at once, and a
+  worker that has not started it drops it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import secrets
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from producer.admission import ServiceTime, decide
 from producer.breaker import Breaker
 from producer.errors import (
     BadRequest,
+    ClientClosedRequest,
     GatewayTimeout,
     ModelFailed,
     NotFound,
     ServiceUnavailable,
     TooManyRequests,
+    redis_unavailable,
 )
+from producer.inflight import BodyHold, InflightBytes
 from producer.metrics import GatewayMetrics
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelEntry, ModelRegistry
@@ -39,15 +52,20 @@ from producer.settings import GatewaySettings
 from producer.v2 import InferRequestBody, parse_infer_request
 from protocol import ProtocolError
 from protocol.cachekey import digest
-from protocol.keys import Keys, Lane, is_valid_name
+from protocol.cancellation import CHECK_AFTER_MS, MARK_SCRIPT, mark_args
+from protocol.deadline import deadline_after
+from protocol.keys import Keys, Lane, is_valid_name, text
 from protocol.messages import FIELD, InferRequest, InferResult, Status
 from protocol.registry import ModelMetadata
 from runtime.connections import RedisClock
+from runtime.faults import RETRYABLE
 from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
-_REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, OSError)
+WATCH_AFTER_S = CHECK_AFTER_MS / 1000
+"""Callers are watched once their request has waited as long as workers wait before they look
+for cancellations: a request answered sooner costs neither a watcher task nor a lookup."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +73,15 @@ class InferOutcome:
     body: InferRequestBody
     result: InferResult
     cached: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A request this gateway has queued and waits on."""
+
+    model: str
+    deadline_ms: int
+    future: asyncio.Future[InferResult]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +121,15 @@ class InferenceService:
         """Requests per model this gateway has queued and still waits on."""
         self._ids = itertools.count()
         self.router = VersionRouter()
+        self.inflight = InflightBytes(settings.max_inflight_bytes)
+        self._in_flight: dict[str, InFlight] = {}
+        self._watchers: dict[str, asyncio.Task[None]] = {}
+        """Per request waiting longer than ``WATCH_AFTER_S``: the task watching its caller."""
+
+    def hold_body(self) -> BodyHold:
+        """A hold on request-body bytes against ``--max-inflight-bytes``: grow it as the body
+        arrives (429 or 413 when it cannot), release it once the answer is sent."""
+        return self.inflight.hold()
 
     async def model(
         self, name: str, version: str | None = None, *, route: bool = True
@@ -148,6 +184,7 @@ class InferenceService:
         *,
         no_cache: bool = False,
         traceparent: str | None = None,
+        disconnected: Callable[[], Awaitable[None]] | None = None,
     ) -> InferOutcome:
         started = time.monotonic()
         trace = REQUEST_TRACE.get()
@@ -189,7 +226,7 @@ class InferenceService:
             version=version,
             inputs=body.inputs,
             outputs=body.outputs,
-            deadline_ms=now_ms + sched.timeout_ms,
+            deadline_ms=deadline_after(now_ms, sched.timeout_ms),
             enqueued_ms=now_ms,
             result_key=cache_key or self.keys.result(request_id),
             result_ttl_ms=(meta.cache_ttl_s if cache_key else self.settings.result_ttl_s) * 1000,
@@ -199,11 +236,13 @@ class InferenceService:
             traceparent=queued.propagate(traceparent),
         )
         future = self.replies.expect(request_id)
+        self._in_flight[request_id] = InFlight(name, request.deadline_ms, future)
         self.waiting[name] += 1
+        stream = self.keys.stream(name, lane)
+        watch: asyncio.TimerHandle | None = None
         try:
-            await self._redis(
-                "XADD", self.keys.stream(name, lane), "*", FIELD, request.encode(), model=name
-            )
+            entry_id = await self._redis("XADD", stream, "*", FIELD, request.encode(), model=name)
+            self.replies.queued(request_id, stream, text(entry_id), request.result_key)
             self.registry.note_queued(name)
             log.debug(
                 "request queued",
@@ -215,6 +254,10 @@ class InferenceService:
                 traceparent=traceparent,
             )
             remaining = sched.timeout_ms / 1000 - (time.monotonic() - started)
+            if disconnected is not None:
+                watch = asyncio.get_running_loop().call_later(
+                    WATCH_AFTER_S, self._watch, disconnected, request_id
+                )
             result = await self.replies.wait(future, remaining)
         except TimeoutError:
             raise GatewayTimeout(
@@ -222,12 +265,62 @@ class InferenceService:
                 f"{sched.timeout_ms} ms (queue backlog or too few workers); the request will "
                 "not run after its deadline"
             ) from None
+        except asyncio.CancelledError:
+            self.abandon(request_id)  # e.g. a cancelled gRPC call
+            raise
         finally:
+            if watch is not None:
+                watch.cancel()
+                watcher = self._watchers.pop(request_id, None)
+                if watcher is not None:
+                    watcher.cancel()
+            self._in_flight.pop(request_id, None)
             queued.end()
             self.replies.forget(request_id)
             self.waiting[name] -= 1
         self._observe(name, result)
         return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
+
+    def abandon(self, request_id: str) -> bool:
+        """The caller of a queued request has gone (an HTTP client hung up, a gRPC call was
+        cancelled): stop waiting for it at once, and mark it cancelled so that a worker that
+        has not started it drops it unrun (``protocol.cancellation``). Returns False when the
+        request is no longer in flight. Needs no await: callable from callbacks."""
+        pending = self._in_flight.pop(request_id, None)
+        if pending is None:
+            return False
+        self.replies.forget(request_id)  # the waiting gauge falls now, not at the deadline
+        if not pending.future.done():
+            pending.future.set_exception(
+                ClientClosedRequest("the client went away before its answer was ready")
+            )
+        key = self.keys.cancelled(pending.model)
+        marked = self.pipeline.submit(
+            "EVAL",
+            MARK_SCRIPT,
+            1,
+            key,
+            *mark_args(request_id, pending.deadline_ms, self.clock.now_ms()),
+        )
+        marked.add_done_callback(_log_unmarked)
+        log.debug("request abandoned by its caller", request_id=request_id, model=pending.model)
+        return True
+
+    def _watch(self, disconnected: Callable[[], Awaitable[None]], request_id: str) -> None:
+        """Watch the caller of a request that has waited ``WATCH_AFTER_S``: one task per such
+        request while it waits. Most requests are answered sooner and never cost a task; a
+        caller that hung up before is seen at once (its ``receive`` returns at once)."""
+
+        async def watch() -> None:
+            try:
+                await disconnected()
+            except Exception as e:  # a transport that cannot tell: keep waiting, as before
+                log.debug("cannot watch for the caller going away", error=str(e))
+                return
+            self.abandon(request_id)
+
+        if request_id in self._in_flight:
+            self._watchers[request_id] = asyncio.create_task(watch())
 
     def _admit(
         self, name: str, workers: int, max_batch: int, lane: Lane, deadline_s: float
@@ -282,13 +375,15 @@ class InferenceService:
     async def _redis(self, *args: Any, model: str) -> Any:
         try:
             return await self.pipeline.execute(*args)
-        except _REDIS_DOWN as e:
+        except RETRYABLE as e:
             self.metrics.observe_rejected(model, "redis_unavailable")
-            raise ServiceUnavailable(
-                f"the queue (Redis) is unreachable: {e}", retry_after_s=1
-            ) from e
-        except RedisError as e:
-            raise ServiceUnavailable(f"the queue (Redis) refused the request: {e}") from e
+            raise redis_unavailable(e) from e
+
+
+def _log_unmarked(marked: asyncio.Future[Any]) -> None:
+    if not marked.cancelled() and marked.exception() is not None:
+        # Best effort: unmarked, the request runs for nobody, which costs only the work.
+        log.warning("could not mark an abandoned request cancelled", error=str(marked.exception()))
 
 
 def _checked(result: InferResult, name: str, timeout_ms: int) -> InferResult:

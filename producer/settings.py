@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from runtime.argtypes import non_negative_float, positive_int
+from runtime.argtypes import non_negative_float, positive_float, positive_int
 from runtime.options import option
 from runtime.settings import ConnectionSettings
 
@@ -31,6 +31,30 @@ class GatewaySettings(ConnectionSettings):
         parse=positive_int,
         help="larger request bodies get 413",
     )
+    max_inflight_bytes: int = option(
+        256 * 1024 * 1024,
+        flag="--max-inflight-bytes",
+        env="INFERQ_MAX_INFLIGHT_BYTES",
+        parse=positive_int,
+        help="bytes of request bodies the gateway holds at once (being read, queued, waiting "
+        "for their answer); beyond it a request gets 429 with Retry-After, and one larger than "
+        "all of it 413",
+    )
+    header_timeout_s: float = option(
+        10.0,
+        flag="--header-timeout-s",
+        env="INFERQ_HEADER_TIMEOUT_S",
+        parse=positive_float,
+        help="a connection that has not sent a request's complete headers this long after it "
+        "opened (or after the first byte of its next request) gets 408 and is closed",
+    )
+    body_timeout_s: float = option(
+        60.0,
+        flag="--body-timeout-s",
+        env="INFERQ_BODY_TIMEOUT_S",
+        parse=positive_float,
+        help="a request body not fully received this long after its headers gets 408",
+    )
     max_timeout_ms: int = option(
         300_000,
         flag="--max-timeout-ms",
@@ -49,7 +73,7 @@ class GatewaySettings(ConnectionSettings):
     """How often the gateway re-reads which workers are live and what they serve."""
     reply_block_ms: int = 2000
     heartbeat_s: float = 5.0
-    """How often the gateway refreshes its reply stream's TTL."""
+    """How often the gateway refreshes its reply stream's TTL (and sweeps for lost requests)."""
     max_backlog: int = option(
         10_000,
         flag="--max-backlog",

@@ -19,8 +19,12 @@ Leniencies, deliberately kept because checking them would cost a Python loop per
 
 * JSON ``true``/``false`` mixed with numbers in numeric ``data`` are taken as 1/0 (numpy's
   conversion); a list made only of ``true``/``false`` is still rejected for numeric datatypes.
-* ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's JSON reader accepts) are accepted for
-  floating-point inputs; they are rejected for integer inputs.
+
+Strictness, deliberately: ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259), so a
+JSON body that holds them, or a number literal too large to be finite (``1e999``), is refused
+with 400; non-finite values travel as binary data only, both ways (see
+:func:`encode_infer_response`). An integer literal longer than Python's limit on integer string
+conversion (4,300 digits) is refused with 400 too: no datatype could hold it.
 
 Shared memory and the classification extension are not supported and are rejected.
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,8 +63,9 @@ _EXACT_FLOAT_INT = 2**53
 _FLOAT_TYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind == "f")
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"))
-"""Compact; keeps the default ``allow_nan=True`` (see :func:`encode_infer_response`)."""
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+"""Compact and strict: non-finite outputs never reach it (they go as binary data)."""
+_FLOAT_KINDS = "f"
 
 _KIND_WORDS = {
     "b": "true/false values",
@@ -100,14 +106,34 @@ class InferRequestBody:
     when absent. Only ``binary_data_output`` is checked here."""
 
 
+class _NotJsonNumber(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python's reader takes them, JSON has none."""
+
+
+def _refuse_constant(literal: str) -> Any:
+    raise _NotJsonNumber(literal)
+
+
 def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
     """Decode ``body`` as a UTF-8 JSON object; anything else is a BadRequest about ``what``."""
     try:
-        value = json.loads(body.decode("utf-8"))
+        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
         raise BadRequest(f"{what} is not valid JSON: it is not UTF-8 text ({e})") from None
+    except _NotJsonNumber as e:
+        raise BadRequest(
+            f"{what} holds {e}, which JSON does not allow (it has no NaN or Infinity); send "
+            "non-finite values as binary data (the binary tensor extension)"
+        ) from None
     except json.JSONDecodeError as e:
         raise BadRequest(f"{what} is not valid JSON: {e}") from None
+    except ValueError:
+        # The one other ValueError json.loads raises: an integer literal longer than Python
+        # converts (sys.set_int_max_str_digits); before the fix it escaped as a 500.
+        raise BadRequest(
+            f"{what} holds an integer literal longer than {sys.get_int_max_str_digits()} "
+            "digits; no tensor datatype or parameter can hold it"
+        ) from None
     except RecursionError:
         raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
     if not isinstance(value, dict):
@@ -253,9 +279,9 @@ def encode_infer_response(
       altering it, so that output is sent as binary data even if JSON was asked for (lossless, and
       every client of the binary extension, tritonclient included, reads it). Callers must
       therefore always honour ``header_length``.
-    * Non-finite floats are written as ``NaN``, ``Infinity`` and ``-Infinity``, which Python's and
-      tritonclient's (rapidjson) JSON readers accept but strict JSON parsers do not; such clients
-      should ask for binary outputs.
+    * A floating-point output holding ``NaN`` or an infinity is sent as binary data too: JSON has
+      no such numbers, and writing them as Python does (``NaN``) would make a body that strict
+      JSON parsers refuse. The JSON part of a response is always strict JSON.
     """
     entries: list[dict[str, Any]] = []
     blobs: list[bytes] = []
@@ -432,6 +458,12 @@ def _json_numbers(
             f"input '{name}': {datatype} data must be numbers, "
             f"found {_KIND_WORDS.get(kind, 'other values')}"
         )
+    if kind in _FLOAT_KINDS and not np.isfinite(arr).all():
+        # NaN and Infinity were refused by the reader: this is a literal such as 1e999.
+        raise BadRequest(
+            f"input '{name}': a value is too large to be a finite number; JSON carries finite "
+            "numbers only, send non-finite values as binary data"
+        )
 
     if datatype in _FLOAT_TYPES:
         if arr.dtype == dtype:
@@ -550,13 +582,17 @@ def _requested_outputs(
 
 
 def _json_values(tensor: Tensor) -> list[Any] | None:
-    """The flat JSON values of a tensor, or None when BYTES data is not valid UTF-8."""
+    """The flat JSON values of a tensor, or None when JSON cannot carry them exactly (BYTES data
+    that is not UTF-8, floats that are not finite): the caller then sends binary data."""
     if tensor.datatype == BYTES:
         try:
             return [e.decode("utf-8") for e in _unpack_bytes(tensor.data)]
         except UnicodeDecodeError:
             return None
-    values: list[Any] = np.frombuffer(tensor.data, dtype=DTYPES[tensor.datatype]).tolist()
+    arr = np.frombuffer(tensor.data, dtype=DTYPES[tensor.datatype])
+    if arr.dtype.kind in _FLOAT_KINDS and not np.isfinite(arr).all():
+        return None
+    values: list[Any] = arr.tolist()
     return values
 
 

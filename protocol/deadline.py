@@ -59,3 +59,9 @@ def remaining_ms(deadline_ms: int, now_ms: int) -> int:
 
 def has_expired(deadline_ms: int, now_ms: int) -> bool:
     return now_ms >= deadline_ms
+
+
+def local_deadline(deadline_ms: int, now_ms: int, now: float) -> float:
+    """The deadline on this process's monotonic clock: ``now`` (monotonic seconds) plus what is
+    left of ``deadline_ms`` at ``now_ms`` (both on the Redis clock)."""
+    return now + remaining_ms(deadline_ms, now_ms) / 1000

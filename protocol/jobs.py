@@ -9,10 +9,21 @@ that was cancelled or had expired.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
 from dataclasses import dataclass, field
 from enum import StrEnum
 
 from protocol.errors import ProtocolError
+
+JOB_ID_RANDOM_BYTES = 16
+"""128 random bits: a job id is its own access token, so it must be unguessable."""
+_STAMP_BYTES = 6  # milliseconds since the epoch fit in 48 bits until the year 10889
+_CHECK_BYTES = 2
+_CHECK_PERSON = b"inferq-job-id"
+JOB_ID_LENGTH = 32
+"""Characters of a job id: (6 + 16 + 2) bytes in URL-safe base64, no padding."""
 
 
 class JobStatus(StrEnum):
@@ -42,6 +53,56 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
+
+
+SUBMIT_SCRIPT = """#!lua
+-- Submitting a job is one atomic step: the record, the enqueue and the Idempotency-Key are
+-- written together or not at all, so a replay of the key never finds a job that was never
+-- queued. The shebang (no flags) makes Redis refuse the whole script up front when it is out of
+-- memory, instead of failing at its first write; any other failure of the enqueue undoes the
+-- record. On Redis Cluster the keys must share a hash slot: the model's streams, its
+-- idempotency keys and its jobs' records would all carry the model's hash tag, and a job id
+-- would carry that tag too, so that GET /v2/jobs/{id} still finds the record from the id alone.
+--
+-- KEYS[1]: the job record, KEYS[2]: the request stream, KEYS[3] (optional): the idempotency key.
+-- ARGV[1]: TTL (ms) of the record and the key, ARGV[2]: the stream entry's field,
+-- ARGV[3]: the encoded request, ARGV[4]: the idempotency value (job id and request digest),
+-- ARGV[5]: an idempotency value to replace (its job is past retention; '' for none),
+-- ARGV[6..]: the record's field/value pairs.
+-- Returns {0} when queued, or {1, value} when the key names an earlier job (nothing written).
+if KEYS[3] then
+  local earlier = redis.call('GET', KEYS[3])
+  if earlier and earlier ~= ARGV[5] then
+    return {1, earlier}
+  end
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+local queued = redis.pcall('XADD', KEYS[2], '*', ARGV[2], ARGV[3])
+if type(queued) == 'table' and queued.err then
+  redis.call('DEL', KEYS[1])
+  return queued
+end
+if KEYS[3] then
+  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[1])
+end
+return {0}
+"""
+
+
+def idempotency_value(job_id: str, request_digest: str) -> str:
+    """What an idempotency key stores: the job it made and a digest of the request that made it,
+    so that the key's reuse with a different request is recognised."""
+    return f"{job_id} {request_digest}"
+
+
+def parse_idempotency_value(raw: bytes) -> tuple[str, str]:
+    """(job id, request digest); the digest is '' for keys written before digests were kept."""
+    try:
+        job_id, _, request_digest = raw.decode().partition(" ")
+    except UnicodeDecodeError as e:
+        raise ProtocolError(f"idempotency key value is malformed: {e}") from e
+    return job_id, request_digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +173,35 @@ def transition_args(new: JobStatus, **fields: str | bytes | int) -> list[str | b
     for name, value in fields.items():
         args += [name, value]
     return args
+
+
+def new_job_id(now_ms: int, random: bytes) -> str:
+    """A job id: when it was issued (Redis clock), 128 random bits and a 16-bit check.
+
+    The time lets any gateway tell a job whose record Redis lost (issued within the retention
+    window, record missing) from an id nobody issued or one past its retention; the check makes
+    a mistyped id read as unknown. Neither is secret: the random bits are what make it
+    unguessable."""
+    if len(random) != JOB_ID_RANDOM_BYTES:
+        raise ValueError(f"a job id needs {JOB_ID_RANDOM_BYTES} random bytes")
+    body = now_ms.to_bytes(_STAMP_BYTES, "big") + random
+    return base64.urlsafe_b64encode(body + _check(body)).decode()
+
+
+def job_id_issued_ms(job_id: str) -> int | None:
+    """When the job id was issued (Redis-clock milliseconds), or None if it is not one that
+    ``new_job_id`` made (another format, a typo)."""
+    if len(job_id) != JOB_ID_LENGTH:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(job_id.encode())
+    except (binascii.Error, ValueError):
+        return None
+    body, check = raw[:-_CHECK_BYTES], raw[-_CHECK_BYTES:]
+    if len(raw) != _STAMP_BYTES + JOB_ID_RANDOM_BYTES + _CHECK_BYTES or _check(body) != check:
+        return None
+    return int.from_bytes(body[:_STAMP_BYTES], "big")
+
+
+def _check(body: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=_CHECK_BYTES, person=_CHECK_PERSON).digest()

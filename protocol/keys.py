@@ -10,7 +10,10 @@ Layout (namespace ``inferq`` by default)::
     {ns}:worker:{worker}          one worker's advertisement (models it serves), with a TTL
     {ns}:models                   hash: model name -> last published metadata
     {ns}:job:{id}                 async job record (hash, see protocol.jobs), with a TTL
-    {ns}:idempotency:{model}:{key}   Idempotency-Key of a job submission -> job id, with a TTL
+    {ns}:idempotency:{model}:{key}   Idempotency-Key of a job submission -> job id and request
+                                  digest (``protocol.jobs``), with a TTL
+    {ns}:cancelled:{model}        zset: ids of requests whose callers have gone -> their deadline
+                                  (``protocol.cancellation``); workers drop them unrun
     {ns}:jobevents                stream of finished job ids, read by every gateway
     {ns}:dlq:{model}              dead-letter stream per model (undecodable and poison entries)
     {ns}:control                  control stream: model load/commit/abort commands to workers
@@ -32,6 +35,13 @@ from enum import StrEnum
 
 GROUP = "workers"
 """The one consumer group every worker joins on every request stream."""
+
+JOB_EVENTS_MAXLEN = 100_000
+"""Cap of the job events stream: gateways read events as they come, so it only needs to cover a
+reconnect (trimmed approximately, ``MAXLEN ~``)."""
+
+DLQ_MAXLEN = 100_000
+"""Cap of each dead-letter stream (trimmed approximately)."""
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
@@ -116,6 +126,9 @@ class Keys:
     def idempotency(self, model: str, key: str) -> str:
         return f"{self.namespace}:idempotency:{model}:{key}"
 
+    def cancelled(self, model: str) -> str:
+        return f"{self.namespace}:cancelled:{model}"
+
     @property
     def job_events(self) -> str:
         return f"{self.namespace}:jobevents"
@@ -143,3 +156,24 @@ class Keys:
 
     def model_lock(self, model: str) -> str:
         return f"{self.namespace}:lock:model:{model}"
+
+
+def text(value: bytes | str) -> str:
+    """A key, field or stream id as Redis returned it (bytes, or str with decoding on)."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def next_id(entry_id: str) -> str:
+    """The smallest stream id after ``entry_id`` (for XTRIM MINID and exclusive ranges)."""
+    ms, _, seq = entry_id.partition("-")
+    return f"{ms}-{int(seq or 0) + 1}"
+
+
+def id_before(entry_id: str, other: str) -> bool:
+    """Whether stream id ``entry_id`` sorts before ``other``."""
+    return _id_tuple(entry_id) < _id_tuple(other)
+
+
+def _id_tuple(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -17,7 +17,13 @@ from protocol.errors import ProtocolError
 from protocol.tensor import Tensor
 
 FIELD = b"m"
-"""The one field of every stream entry inferq writes."""
+"""The one field of every request and reply stream entry inferq writes."""
+
+JOB_EVENT_FIELD = b"job"
+"""The field of a job events entry (``Keys.job_events``): the id of the job that changed."""
+
+KEEPALIVE_FIELD = b"keepalive"
+"""The field of the entry a gateway writes to keep its own reply stream alive (no payload)."""
 
 
 class Kind(StrEnum):
@@ -203,4 +209,34 @@ class InferResult:
             timings=Timings(
                 float(timings[0]), float(timings[1]), float(timings[2]), int(timings[3])
             ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """One entry of a model's dead-letter stream (``Keys.dlq``): the request as it was queued,
+    where it came from, and why it was not run."""
+
+    stream: str
+    """The request stream it was read from (where ``inferq dlq retry`` puts it back)."""
+    entry_id: str
+    reason: str
+    payload: bytes
+    """The entry's original ``FIELD`` value, decodable or not."""
+
+    def to_fields(self) -> dict[bytes, str | bytes]:
+        return {
+            b"stream": self.stream,
+            b"id": self.entry_id,
+            b"reason": self.reason,
+            FIELD: self.payload,
+        }
+
+    @classmethod
+    def from_fields(cls, fields: dict[bytes, bytes]) -> DeadLetter:
+        return cls(
+            stream=fields.get(b"stream", b"").decode(errors="replace"),
+            entry_id=fields.get(b"id", b"").decode(errors="replace"),
+            reason=fields.get(b"reason", b"").decode(errors="replace"),
+            payload=fields.get(FIELD, b""),
         )

@@ -23,7 +23,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name
+from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name, text
 
 
 class LagError(Exception):
@@ -147,16 +147,12 @@ def estimate(before: LaneLag, after: LaneLag) -> Drain | None:
 # -- collection ------------------------------------------------------------------------------
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _id_ms(entry_id: Any) -> int:
-    return int(_text(entry_id).partition("-")[0])
+    return int(text(entry_id).partition("-")[0])
 
 
 def _id_tuple(entry_id: Any) -> tuple[int, int]:
-    ms, _, seq = _text(entry_id).partition("-")
+    ms, _, seq = text(entry_id).partition("-")
     return int(ms), int(seq or 0)
 
 
@@ -186,11 +182,11 @@ async def discover_models(redis: aioredis.Redis, keys: Keys, *, scan: bool = Tru
     ``SCAN`` walks the whole keyspace (result and cache keys included), so the periodic gauges
     skip it: every model the gateway accepts requests for is in the hash anyway.
     """
-    names = {_text(n) for n in await redis.hkeys(keys.models)}
+    names = {text(n) for n in await redis.hkeys(keys.models)}
     if scan:
         pattern = _glob_escape(f"{keys.namespace}:stream:") + "*"
         async for key in redis.scan_iter(match=pattern, count=1000, _type="stream"):
-            parsed = keys.parse_stream(_text(key))
+            parsed = keys.parse_stream(text(key))
             if parsed is not None:
                 names.add(parsed[0])
     return sorted(n for n in names if is_valid_name(n))
@@ -226,7 +222,7 @@ async def collect(
     replies = await pipe.execute(raise_on_error=False)
     seconds, micros = _checked(replies[0], "TIME")
     now = clock_now_ms() if clock_now_ms else int(seconds) * 1000 + int(micros) // 1000
-    live = {_text(w) for w, expiry in _checked(replies[1], keys.workers) if expiry >= now}
+    live = {text(w) for w, expiry in _checked(replies[1], keys.workers) if expiry >= now}
     rows: list[LaneLag] = []
     unknown: dict[int, Any] = {}  # row index -> last-delivered id, where Redis gave no lag
     for i, (model, lane, stream) in enumerate(lanes):
@@ -235,7 +231,7 @@ async def collect(
         group = None
         if not _missing(groups):
             listed = _checked(groups, f"XINFO GROUPS {stream}")
-            group = next((g for g in listed if _text(g["name"]) == GROUP), None)
+            group = next((g for g in listed if text(g["name"]) == GROUP), None)
         if group is None:
             rows.append(
                 LaneLag(
@@ -270,7 +266,7 @@ async def collect(
                 lag=int(lag) if lag is not None else 0,
                 lag_source=LagSource.XINFO,
                 pending=int(summary["pending"]),
-                consumers=sum(1 for c in members if _text(c["name"]) in live),
+                consumers=sum(1 for c in members if text(c["name"]) in live),
                 consumers_registered=len(members),
                 oldest_pending_ms=max(0, now - _id_ms(oldest)) if oldest is not None else None,
                 entries_read=int(entries_read) if entries_read is not None else None,

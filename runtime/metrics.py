@@ -7,7 +7,9 @@ so tests can build as many as they like and nothing registers itself on import.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, PlatformCollector, ProcessCollector
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Gauge, PlatformCollector, ProcessCollector
 from prometheus_client.exposition import choose_encoder
 
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -52,3 +54,42 @@ def exposition(registry: CollectorRegistry, accept: str | None = None) -> tuple[
     when it says so, else the Prometheus text format. Returns the body and its content type."""
     encoder, content_type = choose_encoder(accept or "")
     return encoder(registry), content_type
+
+
+class RuntimeGauges:
+    """What every inferq process exports about itself and its Redis, declared once here and
+    registered into the gateway's and each worker's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.loop_healthy = Gauge(
+            "inferq_loop_healthy",
+            "1 while a background loop runs and its last attempt succeeded; 0 while it backs off "
+            "from Redis errors (or is down), by loop.",
+            ["loop"],
+            registry=registry,
+        )
+        self.redis_evicting = Gauge(
+            "inferq_redis_evicting",
+            "1 when Redis's maxmemory-policy may evict inferq's keys (allkeys-* or volatile-*: "
+            "request streams, job records and results can vanish under memory pressure); set "
+            "maxmemory-policy noeviction. Labelled with the policy ('unknown' when CONFIG GET is "
+            "not allowed).",
+            ["policy"],
+            registry=registry,
+        )
+        self._policy: str | None = None
+
+    def track_loops(self, health: Callable[[], dict[str, bool]]) -> None:
+        """Read each loop's health at scrape time (``runtime.loops.Loops.health``)."""
+
+        def reader(name: str) -> Callable[[], float]:
+            return lambda: float(health().get(name, False))
+
+        for name in health():
+            self.loop_healthy.labels(name).set_function(reader(name))
+
+    def set_policy(self, policy: str, evicting: bool) -> None:
+        if self._policy is not None and self._policy != policy:
+            self.redis_evicting.remove(self._policy)
+        self._policy = policy
+        self.redis_evicting.labels(policy).set(1.0 if evicting else 0.0)

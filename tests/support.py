@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -22,6 +23,7 @@ from consumer.worker import Worker
 from inferq.redisserver import free_port
 from producer.app import create_app
 from producer.gateway import Gateway
+from producer.server import server_config
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from protocol.messages import InferRequest
@@ -48,8 +50,23 @@ def wait_until(
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what or condition}")
+            raise AssertionError(
+                f"timed out after {timeout_s} s waiting for {what or condition}"
+            ) from None
         time.sleep(poll_s)
+
+
+async def until(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> None:
+    """``wait_until`` inside an event loop: poll a condition on state that has no event of its
+    own to wait on (Redis, a counter), failing with ``what`` after ``timeout_s``."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while not condition():  # noqa: ASYNC110
+                await asyncio.sleep(0.005)
+    except TimeoutError:
+        raise AssertionError(
+            f"timed out after {timeout_s} s waiting for {what or condition}"
+        ) from None
 
 
 def write_simulated_model(
@@ -161,6 +178,25 @@ class WorkerThread:
             self._loop.call_soon_threadsafe(self.worker.request_stop)
         self._thread.join(START_TIMEOUT_S)
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """Freeze the worker's event loop, as SIGSTOP freezes a worker process: it reads nothing,
+        runs nothing and sends no heartbeat until the block ends."""
+        assert self._loop is not None
+        gate, frozen = threading.Event(), threading.Event()
+
+        def freeze() -> None:
+            frozen.set()
+            gate.wait(START_TIMEOUT_S * 3)
+
+        self._loop.call_soon_threadsafe(freeze)
+        if not frozen.wait(START_TIMEOUT_S):
+            raise RuntimeError("the worker's event loop did not pause")
+        try:
+            yield
+        finally:
+            gate.set()
+
     @property
     def stats(self) -> Any:
         return self.worker.stats
@@ -176,16 +212,21 @@ class GatewayThread:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.app = create_app(settings)
-        config = uvicorn.Config(
-            self.app,
-            host="127.0.0.1",
-            port=settings.port,
-            log_level="warning",
-            lifespan="on",
-            access_log=False,
-        )
-        self.server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self.server.run, name="gateway")
+        self.server = uvicorn.Server(server_config(self.app, replace(settings, host="127.0.0.1")))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._main, name="gateway")
+
+    def _main(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self.server.serve()
+
+    def call(self, fn: Callable[[], object]) -> None:
+        """Run ``fn`` on the gateway's event loop (from the test's thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn)
 
     @property
     def url(self) -> str:

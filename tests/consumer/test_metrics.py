@@ -15,6 +15,7 @@ from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_requests_total": ("counter", ("model", "version", "status")),
     "inferq_worker_expired_total": ("counter", ("model",)),
+    "inferq_worker_cancelled_total": ("counter", ("model",)),
     "inferq_worker_dead_lettered_total": ("counter", ("model", "reason")),
     "inferq_worker_retried_total": ("counter", ("model",)),
     "inferq_worker_reclaimed_total": ("counter", ("model",)),
@@ -27,7 +28,11 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_batch_rows": ("histogram", ("model",)),
     "inferq_worker_held_entries": ("gauge", ()),
     "inferq_worker_info": ("info", ("worker", "version")),
+    "inferq_worker_write_failures_total": ("counter", ("model", "reason")),
 }
+RUNTIME = {"inferq_loop_healthy": "gauge", "inferq_redis_evicting": "gauge"}
+RUNTIME_LABELS = {"inferq_loop_healthy": ("loop",), "inferq_redis_evicting": ("policy",)}
+"""Declared once in ``runtime.metrics.RuntimeGauges``, exported by gateways and workers alike."""
 LATENCY = {name for name in EXPECTED if name.endswith("_seconds")}
 COUNTS = {"inferq_worker_batch_requests", "inferq_worker_batch_rows"}
 
@@ -54,16 +59,21 @@ def exercise(m: WorkerMetrics) -> None:
     )
     m.observe_result("digits", "1", "ok")
     m.observe_expired("digits", 2)
+    m.observe_cancelled("digits", 3)
     m.observe_dead_letter("digits", "undecodable")
     m.observe_retry("digits")
     m.observe_reclaimed("digits", 4)
     m.observe_reply("digits", 0.0007)
+    m.observe_write_failure("digits", "oom")
+    m.runtime.set_policy("noeviction", False)
+    m.runtime.track_loops(lambda: {"reader": True})
 
 
 def test_the_worker_declares_exactly_the_documented_metrics_with_help_text():
     found = families(WorkerMetrics())
     assert {name: f.type for name, f in found.items()} == {
-        name: kind for name, (kind, _) in EXPECTED.items()
+        **{name: kind for name, (kind, _) in EXPECTED.items()},
+        **RUNTIME,
     }
     for name, family in found.items():
         assert len(family.documentation) > 30 and family.documentation.endswith("."), name
@@ -87,7 +97,8 @@ def test_every_metric_carries_exactly_its_fixed_labels():
     for name, family in families(m).items():
         assert family.samples, f"{name} was not exercised"
         for s in family.samples:
-            assert set(s.labels) - {"le"} == set(EXPECTED[name][1]), s
+            labels = EXPECTED[name][1] if name in EXPECTED else RUNTIME_LABELS[name]
+            assert set(s.labels) - {"le"} == set(labels), s
 
 
 def test_latency_histograms_use_the_inference_buckets_and_batch_sizes_powers_of_two():

@@ -72,3 +72,47 @@ def test_one_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(tmp_pat
     assert "negative input" in outcome.results[5].error
     assert [r.id for r in outcome.results] == [r.id for r in batch]
     assert backend.calls <= 1 + 2 * 3  # the batch, then at most two halves per level
+
+
+class RowCounter:
+    """Sums each row; records the rows of every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def load(self) -> None: ...
+
+    def unload(self) -> None: ...
+
+    def predict(self, inputs):
+        x = inputs["x"]
+        self.calls.append(x.shape[0])
+        return {"sum": x.sum(axis=1, keepdims=True)}
+
+
+def test_a_request_with_more_rows_than_max_batch_runs_as_several_calls(tmp_path):
+    write_simulated_model(tmp_path, "sim", base_ms=0, per_row_ms=0, max_batch=1024)
+    model = ServedModel(load_config(tmp_path, "sim"))
+    backend = RowCounter()
+    model.backends["1"] = backend
+    rows = 250_000
+    x = np.arange(rows * 4, dtype=np.float32).reshape(rows, 4) % 7
+    big = InferRequest(
+        id="big",
+        model="sim",
+        version="1",
+        inputs=[Tensor.from_numpy("x", x)],
+        outputs=None,
+        deadline_ms=10**15,
+        enqueued_ms=0,
+        result_key="",
+        result_ttl_ms=1,
+    )
+    outcome = model.run([request(0, 1.0), big, request(2, 2.0)], "w")
+    assert len(backend.calls) == -(-(rows + 2) // 1024)  # ceil: 245 calls
+    assert max(backend.calls) == 1024 and sum(backend.calls) == rows + 2
+    small, large, last = outcome.results
+    assert [r.status for r in outcome.results] == [Status.OK] * 3
+    assert small.outputs[0].to_numpy().tolist() == [[4.0]]
+    assert last.outputs[0].to_numpy().tolist() == [[8.0]]
+    np.testing.assert_array_equal(large.outputs[0].to_numpy(), x.sum(axis=1, keepdims=True))

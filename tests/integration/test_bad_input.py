@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 
 ROW = [0.0] * 64
@@ -213,3 +214,95 @@ def test_a_model_without_live_workers_answers_503_with_retry_after(stack):
     assert r.status_code == 503
     assert "no live worker" in r.json()["error"]
     assert r.headers["retry-after"] == "5"
+
+
+def digits_json(data: str, **extra: str) -> bytes:
+    """A digits request whose ``data`` is the literal JSON text ``data``."""
+    params = "".join(f',"{k}":{v}' for k, v in extra.items())
+    return (
+        '{"inputs":[{"name":"input","datatype":"FP32","shape":[1,64],"data":['
+        + data
+        + "]}]"
+        + params
+        + "}"
+    ).encode()
+
+
+HUGE = "9" * 4301
+"""Longer than Python's default limit on integer string conversion (4,300 digits)."""
+
+LITERAL_CASES = [
+    ("huge integer in data", digits_json(",".join([HUGE] + ["0"] * 63)), ["4300"]),
+    (
+        "huge integer parameter",
+        digits_json(",".join(["0"] * 64), parameters='{"timeout":' + HUGE + "}"),
+        ["4300"],
+    ),
+    ("NaN", digits_json(",".join(["NaN"] + ["0"] * 63)), ["NaN", "binary"]),
+    ("Infinity", digits_json(",".join(["-Infinity"] + ["0"] * 63)), ["Infinity", "binary"]),
+    ("overflowing literal", digits_json(",".join(["1e999"] + ["0"] * 63)), ["finite"]),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "words"), LITERAL_CASES, ids=[c[0] for c in LITERAL_CASES])
+def test_json_literals_that_are_not_finite_numbers_get_400(stack, name, raw, words):
+    s = stack()
+    with s.client() as c:
+        for path in ("/v2/models/digits/infer", "/v2/models/digits/jobs"):
+            r = c.post(path, content=raw, headers={"content-type": "application/json"})
+            assert r.status_code == 400, r.text
+            for word in words:
+                assert word in r.json()["error"], r.json()["error"]
+
+
+def test_a_header_length_with_thousands_of_digits_gets_400(stack):
+    s = stack()
+    with s.client() as c:
+        r = c.post(
+            "/v2/models/digits/infer",
+            content=body(),
+            headers={"content-type": "application/json", "inference-header-content-length": HUGE},
+        )
+    assert r.status_code == 400 and "Inference-Header-Content-Length" in r.json()["error"]
+
+
+def strict_json(raw: bytes):
+    """Parse as strict JSON (RFC 8259): NaN and Infinity are not JSON."""
+
+    def refuse(constant: str):
+        raise ValueError(f"{constant} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_non_finite_outputs_are_sent_only_as_binary_data(stack):
+    s = stack(models=("sim",))
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "x",
+                    "datatype": "FP32",
+                    "shape": [2, 4],
+                    "parameters": {"binary_data_size": 32},
+                }
+            ]
+        }
+    ).encode()
+    data = np.array([[1, 1, 1, 1], [np.nan, 0, 0, 0]], dtype="<f4").tobytes()
+    with s.client() as c:
+        r = c.post(
+            "/v2/models/sim/infer",
+            content=header + data,
+            headers={
+                "content-type": "application/octet-stream",
+                "inference-header-content-length": str(len(header)),
+            },
+        )
+    assert r.status_code == 200, r.text
+    n = int(r.headers["inference-header-content-length"])
+    response = strict_json(r.content[:n])
+    (out,) = response["outputs"]
+    assert "data" not in out and out["parameters"]["binary_data_size"] == 8
+    values = np.frombuffer(r.content[n:], dtype="<f4")
+    assert values[0] == 4.0 and np.isnan(values[1])

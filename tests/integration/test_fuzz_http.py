@@ -12,6 +12,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 
 from inferq.redisserver import RedisServer
+from producer.app import routes
 from producer.openapi import document
 from tests.support import Stack
 
@@ -31,7 +32,7 @@ def fuzz_stack(redis_server: RedisServer, model_repo: Path):
 
 
 def pinned_document() -> dict:
-    doc = copy.deepcopy(document())
+    doc = copy.deepcopy(document(routes()))
     for item in doc["paths"].values():
         for param in item.get("parameters", []):
             if param["name"] == "model":

@@ -16,7 +16,8 @@ def test_liveness_and_readiness_follow_redis_and_workers(stack):
     with s.client() as c:
         assert c.get("/v2/health/live").json() == {"live": True}
         r = c.get("/v2/health/ready")
-        assert r.status_code == 503 and r.json() == {"ready": False}
+        assert r.status_code == 503
+        assert r.json() == {"ready": False, "problems": ["no live worker serves any model"]}
         s.add_worker()
         wait_until(
             lambda: c.get("/v2/health/ready").status_code == 200,

@@ -200,7 +200,10 @@ def test_high_priority_requests_overtake_queued_normal_ones(stack):
         normal = [pool.submit(call, f"normal-{i}") for i in range(3)]
         stream = f"{s.namespace}:stream:serial:normal"
         with redis.Redis.from_url(s.redis_url) as r:
-            wait_until(lambda: r.xlen(stream) == 4, what="three queued normal requests")
+            wait_until(
+                lambda: r.xinfo_stream(stream)["entries-added"] == 4,
+                what="three queued normal requests",
+            )
         high = pool.submit(call, "high", priority=1)
         for f in [*normal, high]:
             f.result()

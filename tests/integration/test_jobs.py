@@ -7,6 +7,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pytest
 import redis
 
@@ -225,3 +226,67 @@ def test_binary_outputs_are_returned_when_the_submission_asked_for_them(stack):
     assert header["status"] == "succeeded"
     size = header["result"]["outputs"][0]["parameters"]["binary_data_size"]
     assert len(r.content) - n == size == 4
+
+
+def test_a_retry_after_a_refused_enqueue_makes_a_job_that_runs(paused, redis_url):
+    s = paused()
+    keys = Keys(s.namespace)
+    low = keys.stream("sim", Lane.LOW)
+    with redis.Redis.from_url(redis_url) as r, s.client() as c:
+        # The enqueue (XADD) fails after the gateway has checked everything else.
+        r.delete(low)
+        r.set(low, b"not a stream")
+        refused = submit(c, "sim", sim_body(1), **{"idempotency-key": "retry-1"})
+        assert refused.status_code == 503 and "retry-after" in refused.headers
+        # Nothing of the refused submission is left behind: no record, no key.
+        assert r.keys(f"{s.namespace}:job:*") == []
+        assert r.exists(keys.idempotency("sim", "retry-1")) == 0
+        r.delete(low)
+        retried = submit(c, "sim", sim_body(1), **{"idempotency-key": "retry-1"})
+        assert retried.status_code == 202, retried.text
+        assert "idempotent-replayed" not in retried.headers
+        s.add_worker(("sim",))
+        job = poll(c, retried.json()["id"])
+    assert job["status"] == "succeeded" and job["result"]["outputs"][0]["data"] == [4.0]
+
+
+def test_a_reused_idempotency_key_with_a_different_body_is_refused_with_422(stack):
+    s = stack(models=("sim", "slow"))
+    worker = s.workers[0]
+    with s.client() as c:
+        first = submit(c, "sim", sim_body(1), **{"idempotency-key": "order-7"})
+        assert first.status_code == 202
+        other = submit(c, "sim", sim_body(2), **{"idempotency-key": "order-7"})
+        assert other.status_code == 422, other.text
+        error = other.json()["error"]
+        assert "order-7" in error and "different" in error
+        assert first.json()["id"] not in error  # keys are per model, not per caller: no leak
+        # The same request, sent again (as binary data this time), is the original job.
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "x",
+                        "datatype": "FP32",
+                        "shape": [1, 4],
+                        "parameters": {"binary_data_size": 16},
+                    }
+                ]
+            }
+        ).encode()
+        same = c.post(
+            "/v2/models/sim/jobs",
+            content=header + np.ones(4, "<f4").tobytes(),
+            headers={
+                "content-type": "application/octet-stream",
+                "inference-header-content-length": str(len(header)),
+                "idempotency-key": "order-7",
+            },
+        )
+        assert same.status_code == 202 and same.headers["idempotent-replayed"] == "true"
+        assert same.json()["id"] == first.json()["id"]
+        # The key's scope is the model: the same key for another model is another job.
+        elsewhere = submit(c, "slow", sim_body(2), **{"idempotency-key": "order-7"})
+        assert elsewhere.status_code == 202 and "idempotent-replayed" not in elsewhere.headers
+        assert poll(c, first.json()["id"])["result"]["outputs"][0]["data"] == [4.0]
+    assert worker.backend("sim").calls == 1

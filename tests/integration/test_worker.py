@@ -8,7 +8,7 @@ import redis
 
 from protocol.keys import GROUP, Keys, Lane
 from protocol.messages import FIELD, InferResult, Status
-from tests.support import sim_request, wait_until
+from tests.support import sim_body, sim_request, wait_until
 
 
 def test_a_worker_first_serves_entries_it_was_handed_before_a_restart(stack, redis_url, namespace):
@@ -98,9 +98,49 @@ def test_serving_the_whole_repository_skips_a_model_that_cannot_load(
         worker = s.add_worker()
         assert list(worker.worker.slots) == ["digits"]
         assert "no version folders" in worker.worker.skipped["unbuilt"]
-        named = Worker(WorkerSettings(RedisSettings(redis_url), namespace, repo, ("unbuilt",)))
+        named = Worker(
+            WorkerSettings(
+                redis=RedisSettings(redis_url),
+                namespace=namespace,
+                model_repository=repo,
+                models=("unbuilt",),
+            )
+        )
         with pytest.raises(RepositoryError, match="no version folders"):
             asyncio.run(named.start())
     finally:
         for thing in reversed(started):
             thing.stop()
+
+
+def test_acknowledged_entries_leave_the_stream_at_once(stack, redis_url, namespace):
+    """Payloads of answered requests do not sit in Redis until the next periodic trim."""
+    s = stack(models=("sim",))
+    for i in range(5):
+        assert s.infer("sim", sim_body(i, cache=False)).status_code == 200
+    stream = Keys(namespace).stream("sim", Lane.NORMAL)
+    with redis.Redis.from_url(redis_url) as r:
+        wait_until(lambda: r.xlen(stream) == 0, timeout_s=3, what="answered entries trimmed")
+        (group,) = r.xinfo_groups(stream)
+    assert group["pending"] == 0 and group["lag"] == 0
+
+
+def test_the_prompt_trim_never_takes_an_unacknowledged_entry_and_keeps_lag_exact(
+    stack, redis_url, namespace
+):
+    keys = Keys(namespace)
+    stream = keys.stream("sim", Lane.NORMAL)
+    with redis.Redis.from_url(redis_url) as r:
+        now_ms = int(r.time()[0]) * 1000
+        r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        held = r.xadd(stream, {FIELD: sim_request(keys, "held", now_ms).encode()})
+        r.xreadgroup(GROUP, "slow-worker", {stream: ">"}, count=1)  # running elsewhere, long
+        s = stack(models=("sim",))
+        for i in range(3):
+            assert s.infer("sim", sim_body(i, cache=False)).status_code == 200
+        wait_until(lambda: r.xpending(stream, GROUP)["pending"] == 1, what="the three acked")
+        assert r.xrange(stream, count=1)[0][0] == held  # the running entry stays
+        assert r.xinfo_groups(stream)[0]["lag"] == 0  # known: only a prefix is ever trimmed
+        r.xack(stream, GROUP, held)
+        s.infer("sim", sim_body(9, cache=False))
+        wait_until(lambda: r.xlen(stream) == 0, timeout_s=3, what="the stream trimmed")

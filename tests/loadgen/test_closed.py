@@ -9,6 +9,7 @@ import pytest
 
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
+from loadgen.loop import LoadOptions
 
 
 def test_closed_loop_measures_after_warmup(tiny_server, response_bytes) -> None:
@@ -17,13 +18,15 @@ def test_closed_loop_measures_after_warmup(tiny_server, response_bytes) -> None:
             # Both phases bounded by count, not by a fraction of a second of wall time: a
             # shared machine that stalls for 0.3 s must not make this test fail.
             res = await run_closed_loop(
-                srv.url + "/v2/models/m/infer",
-                concurrency=4,
-                duration_s=30,
-                warmup_s=30,
-                max_requests=60,
-                body=b'{"inputs": []}',
-                headers={"content-type": "application/json"},
+                LoadOptions(
+                    srv.url + "/v2/models/m/infer",
+                    duration_s=30,
+                    warmup_s=30,
+                    max_requests=60,
+                    body=b'{"inputs": []}',
+                    headers={"content-type": "application/json"},
+                ),
+                4,
             )
         assert res.requests == res.ok == 60
         assert res.errors == {} and res.status_counts == {200: res.requests}
@@ -49,7 +52,7 @@ def test_max_requests_bounds_warmup_and_measurement(tiny_server, response_bytes)
     async def main() -> None:
         async with tiny_server(lambda req: response_bytes()) as srv:
             res = await run_closed_loop(
-                srv.url, concurrency=3, duration_s=30, warmup_s=30, max_requests=25, method="GET"
+                LoadOptions(srv.url, duration_s=30, warmup_s=30, max_requests=25, method="GET"), 3
             )
         assert res.warmup_requests == 25
         assert res.requests == res.ok == 25
@@ -76,7 +79,7 @@ def test_request_list_is_cycled_and_errors_counted(tiny_server, response_bytes) 
     async def main() -> None:
         async with tiny_server(handler) as srv:
             res = await run_closed_loop(
-                srv.url, concurrency=2, duration_s=30, warmup_s=0, requests=reqs, max_requests=300
+                LoadOptions(srv.url, duration_s=30, warmup_s=0, requests=reqs, max_requests=300), 2
             )
         assert res.requests == 300
         assert res.ok == 100
@@ -100,7 +103,7 @@ def test_timeouts_are_errors_and_the_loop_goes_on(tiny_server, response_bytes) -
         reqs = [PreparedRequest("GET", "/hang"), PreparedRequest("GET", "/")]
         async with tiny_server(handler) as srv:
             res = await run_closed_loop(
-                srv.url, concurrency=1, duration_s=0.3, warmup_s=0, requests=reqs, timeout_s=0.05
+                LoadOptions(srv.url, duration_s=0.3, warmup_s=0, requests=reqs, timeout_s=0.05), 1
             )
         assert res.errors.get("RequestTimeout", 0) >= 2
         assert res.ok >= 2
@@ -114,7 +117,7 @@ def test_refused_connections_are_counted_not_raised() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         res = asyncio.run(
-            run_closed_loop(f"http://127.0.0.1:{port}/", concurrency=2, duration_s=0.1, warmup_s=0)
+            run_closed_loop(LoadOptions(f"http://127.0.0.1:{port}/", duration_s=0.1, warmup_s=0), 2)
         )
     assert res.ok == 0 and res.requests > 0
     assert set(res.errors) == {"ConnectError"}
@@ -135,8 +138,9 @@ def test_refused_connections_are_counted_not_raised() -> None:
 )
 def test_bad_arguments(url: str, kwargs: dict[str, Any], match: str) -> None:
     args: dict[str, Any] = {"concurrency": 1, "duration_s": 0.1} | kwargs
+    concurrency = args.pop("concurrency")
     with pytest.raises(ValueError, match=match):
-        asyncio.run(run_closed_loop(url, **args))
+        asyncio.run(run_closed_loop(LoadOptions(url, **args), concurrency))
 
 
 def test_against_uvicorn_and_starlette() -> None:
@@ -164,12 +168,14 @@ def test_against_uvicorn_and_starlette() -> None:
         try:
             port = server.servers[0].sockets[0].getsockname()[1]
             res = await run_closed_loop(
-                f"http://127.0.0.1:{port}/v2/models/m/infer",
-                concurrency=8,
-                duration_s=0.5,
-                warmup_s=0.1,
-                body=json.dumps({"inputs": [{"name": "x", "data": [1, 2]}]}).encode(),
-                headers={"content-type": "application/json"},
+                LoadOptions(
+                    f"http://127.0.0.1:{port}/v2/models/m/infer",
+                    duration_s=0.5,
+                    warmup_s=0.1,
+                    body=json.dumps({"inputs": [{"name": "x", "data": [1, 2]}]}).encode(),
+                    headers={"content-type": "application/json"},
+                ),
+                8,
             )
         finally:
             await server.shutdown()

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -114,6 +115,17 @@ def test_a_non_loopback_url_from_the_environment_is_refused_before_sending(capsy
     rc = main(["-d", "0.1"], environ={"INFERQ_LOADGEN_URL": "http://192.0.2.1:8000"})
     assert rc == EXIT_USAGE
     assert "only loopback hosts are taken from the environment" in capsys.readouterr().err
+
+
+def test_png_without_matplotlib_is_refused_before_any_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys
+) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # makes `import matplotlib` fail
+    # Port 1 answers nothing: the run would fail with exit 1 if it started.
+    rc = main(["--url", "http://127.0.0.1:1", "-d", "0.1", "--png", str(tmp_path / "r.png")])
+    assert rc == EXIT_USAGE
+    assert "--png: charts need matplotlib: pip install 'inferq[charts]'" in capsys.readouterr().err
+    assert not (tmp_path / "r.png").exists()
 
 
 class ServerThread:

@@ -12,6 +12,7 @@ import pytest
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
 from loadgen.jobs import JobStats, jobs_operation, jobs_path
+from loadgen.loop import LoadOptions
 from loadgen.open import run_open_loop
 
 SUBMIT = PreparedRequest(
@@ -31,7 +32,9 @@ class FakeJobs:
         pending_polls: int = 1,
         location: Callable[[str], str] = lambda job_id: f"/v2/jobs/{job_id}",
         submit_status: int = 202,
+        binary: bool = False,
     ) -> None:
+        self.binary = binary
         self.response = response_bytes
         self.finals = finals
         self.pending_polls = pending_polls
@@ -61,24 +64,35 @@ class FakeJobs:
                 return self._json(404, {"error": "unknown job"})
             job["polls"] += 1
             status = "running" if job["polls"] <= self.pending_polls else job["final"]
-            return self._json(200, {"id": job_id, "status": status, "model_name": "m"})
+            doc = {"id": job_id, "status": status, "model_name": "m"}
+            if status == "succeeded" and self.binary:  # the result's tensors follow the JSON
+                head = json.dumps(doc).encode()
+                return self.response(
+                    head + b"\x00\x01\x02\x03",
+                    headers={
+                        "content-type": "application/octet-stream",
+                        "inference-header-content-length": str(len(head)),
+                    },
+                )
+            return self._json(200, doc)
         return self._json(404, {"error": "no route"})
 
 
-def _closed(url: str, stats: JobStats, **kwargs: Any) -> Any:
+def _closed(url: str, stats: JobStats, concurrency: int = 2, **kwargs: Any) -> Any:
     options: dict[str, Any] = {
-        "concurrency": 2,
         "duration_s": 30,
         "warmup_s": 0,
         "max_requests": 10,
         "requests": SUBMIT,
         "operation": jobs_operation(stats, wait_s=10, poll_interval_s=0.001),
     }
-    return run_closed_loop(url, **(options | kwargs))
+    return run_closed_loop(LoadOptions(url, **(options | kwargs)), concurrency)
 
 
-def test_jobs_are_submitted_then_polled_until_final(tiny_server, response_bytes) -> None:
-    fake = FakeJobs(response_bytes, pending_polls=1)
+@pytest.mark.parametrize("binary", [False, True])
+def test_jobs_are_submitted_then_polled_until_final(tiny_server, response_bytes, binary) -> None:
+    # binary: the finished job carries its result with the binary tensor extension
+    fake = FakeJobs(response_bytes, pending_polls=1, binary=binary)
 
     async def main() -> None:
         stats = JobStats()
@@ -179,12 +193,14 @@ def test_jobs_in_an_open_loop(tiny_server, response_bytes) -> None:
         stats = JobStats()
         async with tiny_server(fake) as srv:
             res = await run_open_loop(
-                srv.url,
-                rate=400,
-                duration_s=0.05,
-                warmup_s=0,
-                requests=SUBMIT,
-                operation=jobs_operation(stats),
+                LoadOptions(
+                    srv.url,
+                    duration_s=0.05,
+                    warmup_s=0,
+                    requests=SUBMIT,
+                    operation=jobs_operation(stats),
+                ),
+                400,
                 seed=4,
             )
         assert res.requests == res.ok > 0

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from loadgen.loop import LoadOptions
 from loadgen.open import TIMEOUT_BEFORE_SEND, run_open_loop
 from loadgen.recorder import Recorder
 from loadgen.schedule import RateSchedule
@@ -18,12 +19,14 @@ def test_open_loop_sends_the_scheduled_arrivals(tiny_server, response_bytes) -> 
     async def main() -> None:
         async with tiny_server(lambda req: response_bytes(b"{}")) as srv:
             res = await run_open_loop(
-                srv.url + "/v2/models/m/infer",
-                rate=400,
-                duration_s=0.25,
-                warmup_s=0.05,
-                body=b'{"inputs": []}',
-                headers={"content-type": "application/json"},
+                LoadOptions(
+                    srv.url + "/v2/models/m/infer",
+                    duration_s=0.25,
+                    warmup_s=0.05,
+                    body=b'{"inputs": []}',
+                    headers={"content-type": "application/json"},
+                ),
+                400,
                 seed=3,
             )
         assert res.mode == "open"
@@ -55,7 +58,9 @@ def test_latency_counts_queueing_from_the_intended_send_time(tiny_server, respon
     async def main() -> None:
         async with tiny_server(handler) as srv:
             res = await run_open_loop(
-                srv.url, rate=500, duration_s=0.1, warmup_s=0, method="GET", max_connections=1
+                LoadOptions(srv.url, duration_s=0.1, warmup_s=0, method="GET"),
+                500,
+                max_connections=1,
             )
         assert res.ok == res.requests >= 25
         assert srv.connections == 1 and res.concurrency == 1
@@ -89,15 +94,12 @@ def test_the_pool_grows_to_keep_up_but_not_past_max_connections(
         rec = Recorder()
         async with tiny_server(handler) as srv:
             res = await run_open_loop(
-                srv.url,
-                rate=2000,
-                duration_s=0.01,
-                warmup_s=0,
-                method="GET",
-                connections=1,
+                LoadOptions(srv.url, duration_s=0.01, warmup_s=0, method="GET"),
+                2000,
                 max_connections=3,
-                recorder=rec,
+                connections=1,
                 seed=5,
+                recorder=rec,
             )
         assert res.ok == res.requests >= 3
         assert srv.connections == 3
@@ -119,13 +121,9 @@ def test_requests_whose_time_runs_out_waiting_for_a_connection_are_never_sent(
         started = time.perf_counter()
         async with tiny_server(handler) as srv:
             res = await run_open_loop(
-                srv.url,
-                rate=1000,
-                duration_s=0.03,
-                warmup_s=0,
-                method="GET",
+                LoadOptions(srv.url, duration_s=0.03, warmup_s=0, method="GET", timeout_s=0.05),
+                1000,
                 max_connections=1,
-                timeout_s=0.05,
                 seed=1,
             )
         elapsed = time.perf_counter() - started
@@ -143,7 +141,7 @@ def test_a_ramp_schedule_sends_the_expected_number_of_arrivals(tiny_server, resp
         schedule = RateSchedule.parse("200:2000:0.2s")
         async with tiny_server(lambda req: response_bytes()) as srv:
             res = await run_open_loop(
-                srv.url, rate=schedule, duration_s=0.2, warmup_s=0, method="GET", seed=2
+                LoadOptions(srv.url, duration_s=0.2, warmup_s=0, method="GET"), schedule, seed=2
             )
         assert res.target_rps == pytest.approx(1100)  # (200 + 2000) / 2
         assert 160 <= res.requests <= 280  # 220 expected
@@ -156,7 +154,7 @@ def test_max_requests_and_stop_end_the_run_early(tiny_server, response_bytes) ->
     async def main() -> None:
         async with tiny_server(lambda req: response_bytes()) as srv:
             res = await run_open_loop(
-                srv.url, rate=2000, duration_s=30, warmup_s=0, method="GET", max_requests=25
+                LoadOptions(srv.url, duration_s=30, warmup_s=0, method="GET", max_requests=25), 2000
             )
             assert res.requests == res.ok == 25
             assert res.duration_s < 5
@@ -173,7 +171,7 @@ def test_max_requests_and_stop_end_the_run_early(tiny_server, response_bytes) ->
 
             srv.handler = handler
             res = await run_open_loop(
-                srv.url, rate=2000, duration_s=30, warmup_s=0, method="GET", stop=stop
+                LoadOptions(srv.url, duration_s=30, warmup_s=0, method="GET"), 2000, stop=stop
             )
             assert res.requests >= 10 and res.ok == res.requests
             assert res.duration_s < 5
@@ -194,5 +192,6 @@ def test_max_requests_and_stop_end_the_run_early(tiny_server, response_bytes) ->
 )
 def test_bad_arguments(kwargs: dict[str, Any], match: str) -> None:
     args: dict[str, Any] = {"rate": 10, "duration_s": 0.1} | kwargs
+    loop_args = {k: args.pop(k) for k in ("rate", "max_connections") if k in args}
     with pytest.raises(ValueError, match=match):
-        asyncio.run(run_open_loop("http://127.0.0.1:9/", **args))
+        asyncio.run(run_open_loop(LoadOptions("http://127.0.0.1:9/", **args), **loop_args))

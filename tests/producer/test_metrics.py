@@ -43,6 +43,9 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_dlq_length": ("gauge", ("model",)),
     "inferq_stream_gauges_last_refresh_timestamp_seconds": ("gauge", ()),
     "inferq_stream_gauges_refresh_failures_total": ("counter", ()),
+    # Declared once in runtime.metrics.RuntimeGauges, exported by workers too.
+    "inferq_loop_healthy": ("gauge", ("loop",)),
+    "inferq_redis_evicting": ("gauge", ("policy",)),
 }
 
 

@@ -254,14 +254,47 @@ def test_empty_tensor_is_accepted() -> None:
     assert tensor.shape == (0, 64) and tensor.data == b""
 
 
-def test_nan_and_infinity_are_accepted_for_float_inputs() -> None:
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_refused_in_json_for_they_are_not_json(literal: str) -> None:
     body = (
-        b'{"inputs": [{"name": "f16", "datatype": "FP16", "shape": [2], "data": [NaN, Infinity]}]}'
+        b'{"inputs": [{"name": "f16", "datatype": "FP16", "shape": [2], "data": [1, '
+        + literal.encode()
+        + b"]}]}"
     )
     model = _model("f", [TensorSpec("f16", "FP16", (-1,))], [])
-    [tensor] = parse_infer_request(body, None, model).inputs
+    error = _rejects(body, model)
+    assert literal in error and "binary data" in error
+
+
+def test_a_literal_too_large_to_be_finite_is_refused() -> None:
+    body = b'{"inputs": [{"name": "f64", "datatype": "FP64", "shape": [1], "data": [-1e999]}]}'
+    model = _model("f", [TensorSpec("f64", "FP64", (-1,))], [])
+    assert "finite" in _rejects(body, model)
+
+
+def test_nan_and_infinity_are_accepted_as_binary_data() -> None:
+    data = np.array([np.nan, np.inf], dtype="<f2").tobytes()
+    header = _json(
+        {
+            "inputs": [
+                {
+                    "name": "f16",
+                    "datatype": "FP16",
+                    "shape": [2],
+                    "parameters": {"binary_data_size": len(data)},
+                }
+            ]
+        }
+    )
+    model = _model("f", [TensorSpec("f16", "FP16", (-1,))], [])
+    [tensor] = parse_infer_request(header + data, len(header), model).inputs
     values = _as_numpy(tensor)
     assert np.isnan(values[0]) and values[1] == np.inf
+
+
+def test_an_integer_literal_beyond_4300_digits_is_a_client_error() -> None:
+    body = b'{"inputs": [], "parameters": {"timeout": ' + b"7" * 4301 + b"}}"
+    assert "4300 digits" in _rejects(body)
 
 
 def test_bytes_json_request_is_stored_length_prefixed() -> None:
@@ -804,12 +837,16 @@ def test_non_utf8_bytes_output_falls_back_to_binary_data() -> None:
     assert result.as_numpy("reply").tolist() == [b"\xff\xfe", b"ok"]
 
 
-def test_non_finite_floats_are_written_as_nan_and_infinity() -> None:
+def test_non_finite_float_outputs_are_sent_only_as_binary_data() -> None:
     values = np.array([np.nan, np.inf, -np.inf, 1.5], dtype=np.float32)
 
-    body, header_length = _respond([Tensor.from_numpy("logits", values)])
+    body, header_length = _respond(
+        [Tensor.from_numpy("logits", values), Tensor.from_numpy("label", LABELS)]
+    )
 
-    assert b"[NaN,Infinity,-Infinity,1.5]" in body
+    assert header_length is not None
+    header = json.loads(body[:header_length], parse_constant=lambda c: pytest.fail(c))
+    assert "data" not in header["outputs"][0] and header["outputs"][1]["data"] == [3, 9]
     np.testing.assert_array_equal(_triton_result(body, header_length).as_numpy("logits"), values)
 
 

@@ -1,0 +1,167 @@
+"""What the writer stores for a finished stream entry, and how a request's outcome becomes one.
+
+An ``Outgoing`` names one entry and everything that must be in Redis before it is acknowledged:
+the result (``SET NX``, which doubles as the cache entry), the reply to the waiting gateway, the
+job record's transition, or a dead letter. ``Outcomes`` builds them from results.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from consumer.slots import Delivery
+from protocol.jobs import JobStatus, transition_args
+from protocol.keys import Keys
+from protocol.messages import DeadLetter, InferRequest, InferResult, Kind, Status, Timings
+
+
+@dataclass(frozen=True, slots=True)
+class JobUpdate:
+    """Move a job record from one status to another (atomically, see ``protocol.jobs``),
+    refresh its TTL, and announce it on the job events stream."""
+
+    key: str
+    job_id: str
+    required: JobStatus
+    args: list[str | bytes | int]
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """One finished stream entry: what to store and whom to wake before acknowledging it."""
+
+    stream: str
+    entry_id: bytes
+    payload: bytes | None
+    """The encoded result; None only acknowledges the entry (it was deleted from the stream)."""
+    result_key: str | None = None
+    ttl_ms: int = 0
+    reply_to: str | None = None
+    job: JobUpdate | None = None
+    dead_letter: str | None = None
+    """A dead-letter stream to copy the raw entry to (undecodable or poison entries)."""
+    reason: str = ""
+    raw: bytes | None = None
+    """The entry's original payload, for the dead-letter stream."""
+    model: str = ""
+    finished_at: float = 0.0
+    """When the model call (or the expiry answer) ended, monotonic: the reply-stage clock."""
+    traceparent: str | None = None
+    """The request's trace context, for its *result write* span when tracing is on."""
+
+    @property
+    def entry(self) -> tuple[str, bytes]:
+        return self.stream, self.entry_id
+
+    def letter(self) -> DeadLetter:
+        return DeadLetter(self.stream, self.entry_id.decode(), self.reason, self.raw or b"")
+
+
+class Outcomes:
+    """Builds the ``Outgoing`` of each way a request can end on this worker."""
+
+    def __init__(self, keys: Keys, now_ms: Callable[[], int], worker_id: str) -> None:
+        self._keys = keys
+        self._now_ms = now_ms
+        self._worker_id = worker_id
+
+    def nothing(self, stream: str, entry_id: bytes) -> Outgoing:
+        """Only acknowledge: the entry was deleted, or its job is not to run."""
+        return Outgoing(stream, entry_id, None, model=self._model(stream))
+
+    def undecodable(self, stream: str, entry_id: bytes, reason: str, raw: bytes) -> Outgoing:
+        model = self._model(stream)
+        dlq = self._keys.dlq(model)
+        return Outgoing(
+            stream, entry_id, None, dead_letter=dlq, reason=reason, raw=raw, model=model
+        )
+
+    def _model(self, stream: str) -> str:
+        parsed = self._keys.parse_stream(stream)
+        return parsed[0] if parsed else ""
+
+    def poisoned(self, d: Delivery, reason: str, raw: bytes) -> Outgoing:
+        """Dead-lettered after too many deliveries; its caller is answered with the reason."""
+        r = d.request
+        failed = InferResult(
+            r.id, Status.FAILED, r.model, r.version, error=reason, worker=self._worker_id
+        )
+        return replace(
+            self.result(d, failed),
+            dead_letter=self._keys.dlq(r.model),
+            reason=reason,
+            raw=raw,
+        )
+
+    def expired(self, d: Delivery) -> Outgoing:
+        r = d.request
+        result = InferResult(
+            r.id,
+            Status.EXPIRED,
+            r.model,
+            r.version,
+            worker=self._worker_id,
+            error=f"deadline passed after {max(0, d.read_ms - r.enqueued_ms)} ms in the queue "
+            "before a worker could run the request",
+        )
+        return self.result(d, result)
+
+    def ran(self, d: Delivery, result: InferResult, started: float, batch_size: int) -> Outgoing:
+        """A request the model ran (or failed on), with its timings."""
+        return self.result(d, with_timings(result, d, started, batch_size=batch_size))
+
+    def result(self, d: Delivery, result: InferResult) -> Outgoing:
+        r = d.request
+        payload = result.encode()
+        if r.kind is Kind.JOB:
+            return Outgoing(
+                d.stream,
+                d.entry_id,
+                payload,
+                job=self._job_update(r, result, payload),
+                model=r.model,
+                finished_at=time.monotonic(),
+                traceparent=r.traceparent,
+            )
+        return Outgoing(
+            d.stream,
+            d.entry_id,
+            payload,
+            model=r.model,
+            finished_at=time.monotonic(),
+            traceparent=r.traceparent,
+            # Only successes are stored: the result key doubles as the cache entry.
+            result_key=r.result_key if result.status is Status.OK else None,
+            ttl_ms=r.result_ttl_ms,
+            reply_to=r.reply_to,
+        )
+
+    def _job_update(self, r: InferRequest, result: InferResult, payload: bytes) -> JobUpdate:
+        now = self._now_ms()
+        if result.status is Status.OK:
+            required = JobStatus.RUNNING
+            args = transition_args(JobStatus.SUCCEEDED, finished_ms=now, result=payload)
+        elif result.status is Status.EXPIRED:
+            required = JobStatus.QUEUED
+            error = result.error or "expired"
+            args = transition_args(JobStatus.EXPIRED, finished_ms=now, error=error)
+        else:
+            required = JobStatus.RUNNING
+            error = result.error or "failed"
+            args = transition_args(JobStatus.FAILED, finished_ms=now, error=error)
+        return JobUpdate(self._keys.job(r.id), r.id, required, args, r.result_ttl_ms)
+
+
+def with_timings(
+    result: InferResult, d: Delivery, started: float, *, batch_size: int
+) -> InferResult:
+    timings = Timings(
+        queued_ms=max(0.0, float(d.read_ms - d.request.enqueued_ms)),
+        batch_wait_ms=max(0.0, (started - d.read_at) * 1000),
+        infer_ms=result.timings.infer_ms,
+        batch_size=batch_size,
+    )
+    return replace(result, timings=timings)

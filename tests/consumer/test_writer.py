@@ -1,0 +1,200 @@
+"""The result writer against a real redis-server of its own (its config is changed here): it
+stores results, replies, job transitions and dead letters, checks every reply of its pipeline,
+retries what Redis refused with backoff, and acknowledges an entry only once all of it is
+stored."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+
+from consumer.ledger import Ledger, Stage
+from consumer.metrics import WorkerMetrics
+from consumer.outgoing import JobUpdate, Outgoing
+from consumer.writer import MAX_PERMANENT_TRIES, ResultWriter
+from inferq.redisserver import RedisServer
+from protocol.jobs import TRANSITION_SCRIPT, JobStatus, transition_args
+from protocol.keys import GROUP
+from protocol.messages import FIELD, DeadLetter
+from tests.support import until
+
+pytestmark = pytest.mark.integration
+
+STREAM = "w:stream:m:normal"
+REPLIES = "w:replies:g"
+EVENTS = "w:jobevents"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as s:
+        yield s
+
+
+@pytest.fixture
+def r(server: RedisServer) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(server.url)
+    client.flushall()
+    client.config_set("maxmemory", 0)
+    yield client
+    client.config_set("maxmemory", 0)
+    client.close()
+
+
+def pending_entry(r: redis.Redis) -> bytes:
+    """One entry queued and read by this worker (pending, not acknowledged)."""
+    r.xgroup_create(STREAM, GROUP, id="0", mkstream=True)
+    entry_id: bytes = r.xadd(STREAM, {FIELD: b"request"})
+    r.xreadgroup(GROUP, "me", {STREAM: ">"})
+    r.xadd(REPLIES, {b"keepalive": b"1"})
+    return entry_id
+
+
+def run_writer(
+    url: str,
+    body: Callable[[ResultWriter, Ledger, aioredis.Redis], Awaitable[None]],
+    metrics: WorkerMetrics | None = None,
+) -> None:
+    async def go() -> None:
+        client = aioredis.Redis.from_url(url)
+        ledger = Ledger()
+        writer = ResultWriter(
+            client,
+            ledger,
+            job_events=EVENTS,
+            transition=client.register_script(TRANSITION_SCRIPT),
+            metrics=metrics,
+            ack_delay_s=0.0,
+        )
+        task = asyncio.create_task(writer.run())
+        try:
+            await body(writer, ledger, client)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await client.aclose()
+
+    asyncio.run(go())
+
+
+def result(entry_id: bytes, **fields: Any) -> Outgoing:
+    return Outgoing(STREAM, entry_id, b"payload", model="m", **fields)
+
+
+def test_a_result_and_its_reply_are_stored_before_the_entry_is_acknowledged(server, r):
+    entry_id = pending_entry(r)
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        writer.put([result(entry_id, result_key="w:result:1", ttl_ms=60_000, reply_to=REPLIES)])
+        await writer.wait_idle()
+        assert len(ledger) == 0
+
+    run_writer(server.url, body)
+    assert r.get("w:result:1") == b"payload"
+    assert r.xrange(REPLIES)[-1][1] == {FIELD: b"payload"}
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+
+
+def test_a_refused_result_is_retried_and_its_entry_stays_pending_until_stored(server, r):
+    entry_id = pending_entry(r)
+    metrics = WorkerMetrics()
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        r.config_set("maxmemory", 1)  # out of memory, noeviction: writes refused
+        writer.put([result(entry_id, result_key="w:result:2", ttl_ms=60_000, reply_to=REPLIES)])
+        await until(lambda: writer.failures >= 3)  # tried, refused, tried again, ...
+        assert r.xpending(STREAM, GROUP)["pending"] == 1
+        assert ledger.stage((STREAM, entry_id)) is Stage.DELIVERED
+        r.config_set("maxmemory", 0)
+        await writer.wait_idle()
+
+    run_writer(server.url, body, metrics)
+    assert r.get("w:result:2") == b"payload"
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+    refused = metrics.registry.get_sample_value(
+        "inferq_worker_write_failures_total", {"model": "m", "reason": "oom"}
+    )
+    assert refused is not None and refused >= 3
+
+
+def test_a_job_transition_refused_is_retried_and_the_job_ends_succeeded(server, r):
+    entry_id = pending_entry(r)
+    r.hset("w:job:1", mapping={"status": "running"})
+    update = JobUpdate(
+        "w:job:1",
+        "1",
+        JobStatus.RUNNING,
+        transition_args(JobStatus.SUCCEEDED, finished_ms=5, result=b"payload"),
+        60_000,
+    )
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        r.config_set("maxmemory", 1)
+        writer.put([result(entry_id, job=update)])
+        await until(lambda: writer.failures >= 2)
+        assert r.hget("w:job:1", "status") == b"running"
+        assert r.xpending(STREAM, GROUP)["pending"] == 1
+        r.config_set("maxmemory", 0)
+        await writer.wait_idle()
+
+    run_writer(server.url, body)
+    assert r.hget("w:job:1", "status") == b"succeeded"
+    assert r.hget("w:job:1", "result") == b"payload"
+    assert r.xrange(EVENTS)[-1][1] == {b"job": b"1"}
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+
+
+def test_a_step_that_was_stored_is_not_written_again_when_another_is_retried(server, r):
+    """The result key is written, the reply refused: only the reply is retried."""
+    entry_id = pending_entry(r)
+    r.set("w:reply-is-not-a-stream", b"x")  # XADD to it fails with WRONGTYPE, every time
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        writer.put(
+            [
+                Outgoing(
+                    STREAM,
+                    entry_id,
+                    b"payload",
+                    model="m",
+                    result_key="w:result:3",
+                    ttl_ms=60_000,
+                    reply_to="w:reply-is-not-a-stream",
+                    dead_letter="w:dlq:m",
+                    reason="why",
+                    raw=b"raw",
+                )
+            ]
+        )
+        await writer.wait_idle()  # given up after MAX_PERMANENT_TRIES
+        assert (STREAM, entry_id) not in ledger
+        assert writer.failures == MAX_PERMANENT_TRIES
+
+    run_writer(server.url, body)
+    assert r.xlen("w:dlq:m") == 1  # written once, not once per try
+    letter = DeadLetter.from_fields(r.xrange("w:dlq:m")[0][1])
+    assert letter == DeadLetter(STREAM, entry_id.decode(), "why", b"raw")
+    # Not acknowledged: it stays pending for another worker to reclaim (and dead-letter).
+    assert r.xpending(STREAM, GROUP)["pending"] == 1
+
+
+def test_entries_of_a_stream_that_vanished_are_let_go_without_an_error(server, r):
+    entry_id = pending_entry(r)
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        r.delete(STREAM)  # evicted, or Redis restarted empty
+        writer.put([Outgoing(STREAM, entry_id, None, model="m")])
+        await writer.wait_idle()
+        assert len(ledger) == 0
+
+    run_writer(server.url, body)

@@ -1,0 +1,200 @@
+"""The gateway's reply listener against a real redis-server: replies resolve their waiters, a
+reply published while the listener is disconnected is not lost, the keepalive keeps going
+through Redis errors, and waiters whose requests Redis lost are answered (from a stored result)
+or failed at once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+import structlog
+
+from producer.errors import ServiceUnavailable
+from producer.replies import ReplyListener
+from protocol.messages import FIELD, InferResult, Status
+from runtime.backoff import Backoff
+from tests.support import until
+
+pytestmark = pytest.mark.integration
+
+log = structlog.get_logger()
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
+
+
+def ok(request_id: str) -> bytes:
+    return InferResult(request_id, Status.OK, "m", "1", worker="w").encode()
+
+
+def with_listener(
+    redis_url: str,
+    namespace: str,
+    body: Callable[[ReplyListener], Awaitable[None]],
+    *,
+    reads: Backoff | None = None,
+    keepalives: Backoff | None = None,
+    run: bool = True,
+) -> None:
+    async def go() -> None:
+        reader = aioredis.Redis.from_url(redis_url, client_name=f"{namespace}-reader")
+        commands = aioredis.Redis.from_url(redis_url)
+        listener = ReplyListener(
+            reader,
+            commands,
+            f"{namespace}:replies:g",
+            block_ms=100,
+            ttl_s=60,
+            job_events=f"{namespace}:jobevents",
+            reads=reads,
+            keepalives=keepalives,
+        )
+        await listener.keepalive()
+        task = asyncio.create_task(listener.run()) if run else None
+        try:
+            await body(listener)
+        finally:
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+            await reader.aclose()
+            await commands.aclose()
+
+    asyncio.run(go())
+
+
+def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url, namespace):
+    async def body(listener: ReplyListener) -> None:
+        future = listener.expect("a")
+        r.xadd(listener.key, {b"keepalive": b"1"})
+        r.xadd(listener.key, {FIELD: ok("nobody-waits-for-this")})
+        r.xadd(listener.key, {FIELD: b"\x93garbage"})
+        r.xadd(listener.key, {FIELD: ok("a")})
+        result = await listener.wait(future, 5)
+        assert result.id == "a" and result.status is Status.OK
+        assert listener.waiting == 0
+
+    with_listener(redis_url, namespace, body)
+
+
+def test_a_waiter_gets_timeout_error_at_its_deadline(redis_url, namespace):
+    async def body(listener: ReplyListener) -> None:
+        future = listener.expect("late")
+        with pytest.raises(TimeoutError):
+            await listener.wait(future, 0.05)
+
+    with_listener(redis_url, namespace, body)
+
+
+def test_a_reply_published_while_the_listener_is_disconnected_is_delivered_after(
+    r, redis_url, namespace
+):
+    reads = Backoff("replies", log, first_s=0.5)  # stays disconnected long enough to publish
+
+    async def body(listener: ReplyListener) -> None:
+        future = listener.expect("during")
+        await until(lambda: any(c["cmd"] == "xread" for c in clients(r, namespace)))
+        kill(r, namespace)
+        await until(lambda: not reads.healthy)  # it noticed, and waits before reconnecting
+        r.xadd(listener.key, {FIELD: ok("during")})  # published while nobody reads
+        result = await listener.wait(future, 5)
+        assert result.id == "during"
+        assert reads.healthy
+
+    with_listener(redis_url, namespace, body, reads=reads)
+
+
+def clients(r: redis.Redis, namespace: str) -> list[dict[str, Any]]:
+    return [c for c in r.client_list() if c["name"] == f"{namespace}-reader"]
+
+
+def kill(r: redis.Redis, namespace: str) -> None:
+    for c in clients(r, namespace):
+        r.client_kill_filter(_id=c["id"])
+
+
+def test_job_events_wake_the_waiters_of_that_job(r, redis_url, namespace):
+    async def body(listener: ReplyListener) -> None:
+        changed = listener.expect_job("job-1")
+        other = listener.expect_job("job-2")
+        r.xadd(f"{namespace}:jobevents", {b"job": b"job-1"})
+        await asyncio.wait_for(changed, 5)
+        assert not other.done()
+        listener.forget_job("job-2", other)
+
+    with_listener(redis_url, namespace, body)
+
+
+def test_the_keepalive_carries_on_through_redis_errors(r, redis_url, namespace):
+    keepalives = Backoff("reply-keepalive", log)
+
+    async def body(listener: ReplyListener) -> None:
+        r.delete(listener.key)
+        r.set(listener.key, b"not a stream")  # every XADD to it now fails (WRONGTYPE)
+        task = asyncio.create_task(listener.run_keepalive(0.01))
+        await until(lambda: keepalives.failures >= 3)
+        assert not task.done() and "WRONGTYPE" in (keepalives.problem or "")
+        r.delete(listener.key)
+        await until(lambda: keepalives.healthy)
+        assert r.type(listener.key) == b"stream"
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    with_listener(redis_url, namespace, body, keepalives=keepalives, run=False)
+
+
+def test_after_the_reply_stream_was_lost_stored_results_answer_and_lost_requests_fail(
+    r, redis_url, namespace
+):
+    """The reply stream vanished (its replies with it) and so did one request's entry: the
+    request whose result is stored is answered from it; the one Redis lost fails with 503 at
+    once; the one still queued keeps waiting."""
+    stream = f"{namespace}:stream:m:normal"
+    done_id = r.xadd(stream, {FIELD: b"done"}).decode()
+    queued_id = r.xadd(stream, {FIELD: b"queued"}).decode()
+    r.set(f"{namespace}:result:done", ok("done"))
+
+    async def body(listener: ReplyListener) -> None:
+        done, lost, queued = (listener.expect(i) for i in ("done", "lost", "queued"))
+        listener.queued("done", stream, done_id, f"{namespace}:result:done")
+        listener.queued("queued", stream, queued_id, f"{namespace}:result:queued")
+        r.xdel(stream, done_id)  # acknowledged and trimmed
+        listener.queued("lost", stream, "1-1", f"{namespace}:result:lost")  # long gone
+        r.delete(listener.key)
+        await listener.keepalive()  # finds the stream gone: recreates it and sweeps
+        assert (await done).id == "done"
+        with pytest.raises(ServiceUnavailable, match="lost"):
+            await lost
+        assert not queued.done() and listener.waiting == 1
+        assert listener.losses == 1 and listener.lost == 1
+
+    with_listener(redis_url, namespace, body, run=False)
+
+
+def test_a_request_gone_from_its_stream_without_a_result_fails_at_the_second_sweep(
+    r, redis_url, namespace
+):
+    """A failure is stored only as a reply, which may still be on its way: one sweep marks the
+    request suspect, the next fails it."""
+    stream = f"{namespace}:stream:m:normal"
+    r.xadd(stream, {FIELD: b"newer"})
+
+    async def body(listener: ReplyListener) -> None:
+        future = listener.expect("gone")
+        listener.queued("gone", stream, "1-1", f"{namespace}:result:gone")
+        await listener.sweep()
+        assert not future.done()
+        await listener.sweep()
+        with pytest.raises(ServiceUnavailable):
+            await future
+
+    with_listener(redis_url, namespace, body, run=False)
