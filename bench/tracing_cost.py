@@ -125,17 +125,16 @@ def measure(mode: str, requests: int, concurrency: int) -> dict[str, Any]:
 def run_exactly(service: Service, request: Any, requests: int, concurrency: int) -> Any:
     from loadgen.closed import run_closed_loop
     from loadgen.http import run as run_loop
+    from loadgen.loop import LoadOptions
 
-    return run_loop(
-        run_closed_loop(
-            service.url + request.path,
-            concurrency=concurrency,
-            duration_s=120,
-            requests=request,
-            warmup_s=0,
-            max_requests=requests,
-        )
+    options = LoadOptions(
+        service.url + request.path,
+        duration_s=120,
+        requests=request,
+        warmup_s=0,
+        max_requests=requests,
     )
+    return run_loop(run_closed_loop(options, concurrency))
 
 
 def _handler_calls() -> None:
@@ -208,7 +207,7 @@ def in_process_parts(n: int = 20_000) -> dict[str, float]:
             # A queue that holds every span: none is dropped, so all are counted.
             batch = BatchSpanProcessor(exporter, max_queue_size=6 * n, schedule_delay_millis=200)
             provider.add_span_processor(batch)
-        return RequestTracing(app, OtelTracer(provider)), provider
+        return RequestTracing(app, OtelTracer(provider), "infer"), provider
 
     baseline = cpu_us(bare)  # the loop and an app that only answers: subtracted from each
     parts = {"off: the handlers' calls (no middleware)": cpu_us(app) - baseline}
