@@ -174,8 +174,9 @@ def run_up(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             return EXIT_FAILED if not stop.is_set() else EXIT_OK
+        grpc = f" and gRPC at {host}:{args.grpc_port}" if args.grpc_port else ""
         print(
-            f"\ninferq is serving at {url} with {args.workers} worker(s). Try:\n\n"
+            f"\ninferq is serving at {url}{grpc} with {args.workers} worker(s). Try:\n\n"
             f"  {example_curl(url, args.model_repository)}\n\nCtrl-C stops everything.\n",
             flush=True,
         )

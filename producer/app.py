@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import random
-import re
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from starlette.types import Receive
 import runtime
 from producer import openapi as api
 from producer.errors import (
+    INTERNAL_MESSAGE,
     BadRequest,
     GatewayError,
     PayloadTooLarge,
@@ -40,6 +39,7 @@ from producer.metrics import metrics_response
 from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
+from producer.tracing import traceparent
 from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
 from runtime.tracing import REQUEST_TRACE, Tracer
@@ -49,8 +49,6 @@ log = structlog.get_logger("inferq.gateway")
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "async_jobs"]
 JSON_TYPES = ("application/json",)
 BINARY_TYPES = ("application/octet-stream",)
-_trace_ids = random.Random()
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
 def _gateway(request: Request) -> Gateway:
@@ -64,11 +62,7 @@ def _traceparent(request: Request) -> str:
     traced = REQUEST_TRACE.get().traceparent
     if traced is not None:
         return traced
-    given = request.headers.get("traceparent", "")
-    if _TRACEPARENT.match(given):
-        return given
-    # Trace ids must be unique, not secret: a seeded PRNG avoids two urandom calls per request.
-    return f"00-{_trace_ids.getrandbits(128):032x}-{_trace_ids.getrandbits(64):016x}-01"
+    return traceparent(request.headers.get("traceparent"))
 
 
 def _digits(raw: str | None) -> int | None:
@@ -409,7 +403,7 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 async def internal_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error", path=request.url.path)
-    return JSONResponse({"error": "internal error in the gateway; see its log"}, status_code=500)
+    return JSONResponse({"error": INTERNAL_MESSAGE}, status_code=500)
 
 
 def routes(tracer: Tracer | None = None) -> list[Route]:
@@ -490,9 +484,17 @@ def create_app(settings: GatewaySettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.start()
+        grpc_server = None
         try:
+            if settings.grpc_port:
+                from producer.grpc_server import GrpcServer  # grpc loads only when it serves
+
+                grpc_server = GrpcServer(gateway)
+                await grpc_server.start()
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             await gateway.stop()
 
     traced = gateway.tracer if gateway.tracer.enabled else None

@@ -23,6 +23,7 @@ from runtime.tracing import REQUEST_TRACE, RequestTrace, Tracer
 
 if TYPE_CHECKING:
     from producer.gateway import Gateway
+    from producer.registry import ModelRegistry
 
 
 def endpoint_names(routes: Iterable[BaseRoute]) -> dict[Callable[..., Any], str]:
@@ -41,6 +42,21 @@ def classify(
         return "other", None, None
     params = scope.get("path_params", {})
     return endpoint, params.get("model"), params.get("version")
+
+
+def known_labels(
+    registry: ModelRegistry, model: str | None, version: str | None, routed: str | None
+) -> tuple[str | None, str | None]:
+    """The (model, version) labels of a request that named ``model`` and ``version``: None for
+    names the registry does not know; the version the request was routed to, if any."""
+    entry = registry.models.get(model) if model else None
+    if entry is None:
+        return None, None
+    if routed is not None:
+        return model, routed  # a version the registry knew when the request was routed
+    if version not in entry.metadata.versions:
+        return model, entry.metadata.default_version if version is None else None
+    return model, version
 
 
 TRACE_KEY = "inferq.trace"
@@ -132,13 +148,7 @@ class RequestMetrics:
 
     def _observe(self, scope: Scope, status: int, seconds: float, routed: str | None) -> None:
         endpoint, model, version = classify(scope, self.names)
-        entry = self.gateway.registry.models.get(model) if model else None
-        if entry is None:
-            model = version = None
-        elif routed is not None:
-            version = routed  # a version the registry knew when the request was routed
-        elif version not in entry.metadata.versions:
-            version = entry.metadata.default_version if version is None else None
+        model, version = known_labels(self.gateway.registry, model, version, routed)
         body_bytes = None
         if endpoint in ("infer", "job_submit"):
             for name, value in scope["headers"]:

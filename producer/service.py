@@ -186,12 +186,35 @@ class InferenceService:
         traceparent: str | None = None,
         disconnected: Callable[[], Awaitable[None]] | None = None,
     ) -> InferOutcome:
+        """An inference whose request is a V2 HTTP body (JSON, or JSON plus binary tensors)."""
+        return await self.infer_decoded(
+            name,
+            version,
+            lambda meta: parse_infer_request(raw, header_length, meta),
+            no_cache=no_cache,
+            traceparent=traceparent,
+            disconnected=disconnected,
+        )
+
+    async def infer_decoded(
+        self,
+        name: str,
+        version: str | None,
+        decode: Callable[[ModelMetadata], InferRequestBody],
+        *,
+        no_cache: bool = False,
+        traceparent: str | None = None,
+        disconnected: Callable[[], Awaitable[None]] | None = None,
+    ) -> InferOutcome:
+        """An inference whose request the transport decodes (and validates) once the model is
+        known: ``decode(metadata)`` returns the body or raises BadRequest. Every transport ends
+        here, so validation, cache, admission, routing and priority are the same for all."""
         started = time.monotonic()
         trace = REQUEST_TRACE.get()
         entry, version = await self.model(name, version)
         ROUTED_VERSION.set(version)
         meta = entry.metadata
-        body = parse_infer_request(raw, header_length, meta)
+        body = decode(meta)
         sched = self.schedule(meta, body, no_cache=no_cache)
         trace.since_start("receive and validate")
         if entry.workers == 0:

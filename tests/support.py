@@ -233,6 +233,12 @@ class GatewayThread:
         return f"http://127.0.0.1:{self.settings.port}"
 
     @property
+    def grpc_target(self) -> str:
+        """host:port of the gateway's gRPC service (started with ``grpc_port=free_port()``)."""
+        assert self.settings.grpc_port, "this gateway was started without gRPC"
+        return f"127.0.0.1:{self.settings.grpc_port}"
+
+    @property
     def gateway(self) -> Gateway:
         gateway: Gateway = self.app.state.gateway
         return gateway
@@ -289,6 +295,7 @@ class Stack:
             redis=RedisSettings(self.redis_url),
             namespace=self.namespace,
             port=free_port(),
+            grpc_port=0,  # off unless a test asks for it: grpc_port=free_port()
             registry_refresh_s=0.2,
             reply_block_ms=500,
         )

@@ -32,6 +32,8 @@ def test_every_subcommand_has_complete_help(capsys):
         "--workers",
         "--host",
         "--port",
+        "--grpc-port",
+        "INFERQ_GRPC_PORT",
         "--model-repository",
         "--models",
         "--max-batch",
@@ -59,6 +61,14 @@ def test_environment_variables_set_defaults_and_flags_win():
         ("digits",),
     )
     assert parser.parse_args(["worker", "--max-batch", "4"]).max_batch == 4
+
+
+def test_grpc_listens_on_8001_by_default_and_0_turns_it_off():
+    assert build_parser({}).parse_args(["gateway"]).grpc_port == 8001
+    assert build_parser({"INFERQ_GRPC_PORT": "0"}).parse_args(["up"]).grpc_port == 0
+    assert build_parser({}).parse_args(["up", "--grpc-port", "9001"]).grpc_port == 9001
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["gateway", "--grpc-port", "70000"])
 
 
 def test_a_bad_environment_value_is_a_usage_error(capsys):
@@ -136,6 +146,8 @@ def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
             "redis://127.0.0.1:1/0",
             "--port",
             str(port),
+            "--grpc-port",
+            "0",
             "--workers",
             "2",
             "--log-level",
@@ -198,3 +210,35 @@ def test_up_without_redis_says_how_to_install_it(tmp_path):
     )
     assert result.returncode == 1
     assert "install Redis" in result.stderr
+
+
+def test_gateway_exits_with_a_clear_message_when_the_grpc_port_is_taken(tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # no SO_REUSEPORT: nothing may share it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "inferq",
+                "gateway",
+                "--redis",
+                "redis://127.0.0.1:1/0",
+                "--port",
+                str(free_port()),
+                "--grpc-port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=tmp_path,
+            timeout=60,
+        )
+    assert result.returncode != 0
+    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in result.stdout + result.stderr

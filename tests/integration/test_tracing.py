@@ -78,7 +78,7 @@ def traced_stack(exported, redis_url, namespace, repo) -> Iterator[Stack]:
     started: list[GatewayThread | WorkerThread] = []
     s = Stack(redis_url, namespace, repo, started)
     s.add_worker(("echo",), metrics_port=free_port())
-    s.start_gateway()
+    s.start_gateway(grpc_port=free_port())
     s.wait_ready("echo")
     yield s
     for thing in reversed(started):
@@ -154,6 +154,25 @@ def test_a_job_is_one_trace_from_submission_to_completion(traced_stack, exported
     assert enqueue.parent.span_id == root.context.span_id
     for name in WORKER_SPANS:
         assert spans[name].parent.span_id == enqueue.context.span_id, name
+
+
+def test_a_grpc_call_is_one_trace_too(traced_stack, exported):
+    import numpy as np
+    import tritonclient.grpc as triton
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{traced_stack.gateway.settings.grpc_port}")
+    x = triton.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.full((1, 4), 2.5, dtype=np.float32))
+    result = client.infer("echo", [x], headers={"traceparent": CALLER})
+    assert result.as_numpy("sum").tolist() == [[10.0]]
+    client.close()
+    names = {"grpc ModelInfer", "receive and validate", "queue wait", "encode response"}
+    spans = by_name(spans_of(exported, CALLER.split("-")[1], names | WORKER_SPANS))
+    root, queued = spans["grpc ModelInfer"], spans["queue wait"]
+    assert f"{root.parent.span_id:016x}" == CALLER.split("-")[2]
+    assert queued.parent.span_id == root.context.span_id
+    for name in WORKER_SPANS:
+        assert spans[name].parent.span_id == queued.context.span_id, name
 
 
 def test_an_unsampled_caller_gets_no_spans_on_either_side(traced_stack, exported):

@@ -302,7 +302,8 @@ def test_the_image_runs_the_gateway_as_a_non_root_user_on_the_default_port():
     args = parse_command(image["cmd"])
     assert (args.command, args.host) == ("gateway", "0.0.0.0")
     assert args.port == GatewaySettings().port == 8000
-    assert image["exposed"] == {GatewaySettings().port, DEFAULT_METRICS_PORT}
+    settings = GatewaySettings()
+    assert image["exposed"] == {settings.port, settings.grpc_port, DEFAULT_METRICS_PORT}
     uid = image["user"].split(":")[0]
     assert uid.isdigit() and int(uid) != 0
     models = PurePosixPath(image["env"]["INFERQ_MODEL_REPOSITORY"])
@@ -338,7 +339,11 @@ def test_compose_commands_flags_and_variables_exist_in_the_cli(compose):
         assert args.command == name
         assert set(service["environment"]) <= known, set(service["environment"]) - known
     gateway = parse_command(compose["services"]["gateway"]["command"])
-    assert compose["services"]["gateway"]["ports"] == [f"{gateway.port}:{gateway.port}"]
+    grpc = GatewaySettings().grpc_port
+    assert compose["services"]["gateway"]["ports"] == [
+        f"{gateway.port}:{gateway.port}",
+        f"{grpc}:{grpc}",
+    ]
     assert gateway.port == GatewaySettings().port
 
 
@@ -453,7 +458,7 @@ def test_k8s_gateway_probes_hit_real_health_routes_on_the_default_port(yaml):
     objects = k8s_objects(yaml)
     gateway = container(objects[("Deployment", "inferq-gateway")])
     ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
-    assert ports == {"http": GatewaySettings().port}
+    assert ports == {"http": GatewaySettings().port, "grpc": GatewaySettings().grpc_port}
     assert parse_command(gateway["args"]).port == GatewaySettings().port
     methods = route_methods()
     probes = {kind: gateway[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")}
