@@ -39,7 +39,7 @@ from producer.metrics import metrics_response
 from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
-from producer.tracing import traceparent
+from producer.traceparent import traceparent
 from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
 from runtime.tracing import REQUEST_TRACE, Tracer

@@ -35,7 +35,7 @@ from producer.errors import (
 from producer.grpc_codec import decode_infer_request, encode_infer_response, parameter_values
 from producer.instrument import known_labels
 from producer.routing import ROUTED_VERSION
-from producer.tracing import traceparent
+from producer.traceparent import traceparent
 from protocol.grpc import inferq_v2_pb2 as pb
 from protocol.grpc.status import grpc_code
 from runtime.tracing import NO_REQUEST, REQUEST_TRACE
