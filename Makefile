@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench-core bench-minilm bench-hotswap examples model clean
+.PHONY: run test lint bench-core bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
@@ -47,9 +47,17 @@ bench-minilm: $(VENV)/.dev
 bench-hotswap: $(VENV)/.dev
 	$(BIN)/python bench/hotswap.py $(ARGS)
 
+## bench-grpc: gRPC vs HTTP JSON vs HTTP binary tensors, c=1 and c=64
+bench-grpc: $(VENV)/.dev
+	$(BIN)/python bench/grpc_vs_http.py $(ARGS)
+
 ## examples: build the example models that are not in git (minilm, digits-pt) into models/
 examples: $(VENV)/.dev
 	$(BIN)/inferq models build-examples
+
+## grpc-stubs: regenerate protocol/grpc/inferq_v2_pb2.py(.pyi) from protocol/grpc/inference.proto
+grpc-stubs: $(VENV)/.dev
+	PYTHON=$(BIN)/python scripts/grpc-stubs
 
 ## model: retrain and re-export the digits example model
 model: $(VENV)/.dev

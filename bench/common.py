@@ -80,6 +80,9 @@ class Service:
     def __init__(self, *extra: str, workers: int = 1) -> None:
         self.redis = RedisServer()
         self.port = free_port()
+        # Its own gRPC port too: the default (8001) would be shared through SO_REUSEPORT with
+        # anything else listening there.
+        self.grpc_port = free_port()
         self.extra = extra
         self.workers = workers
         self.proc: subprocess.Popen[bytes] | None = None
@@ -100,6 +103,8 @@ class Service:
                 self.redis.url,
                 "--port",
                 str(self.port),
+                "--grpc-port",
+                str(self.grpc_port),
                 "--workers",
                 str(self.workers),
                 "--log-level",

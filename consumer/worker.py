@@ -45,6 +45,7 @@ from protocol.control import VersionPolicy
 from protocol.jobs import TRANSITION_SCRIPT
 from protocol.keys import Keys
 from protocol.registry import WorkerInfo
+from runtime import tracing
 from runtime.connections import RedisClock, blocking_client, command_client, redact
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
@@ -67,6 +68,7 @@ class Worker:
         self.keys = Keys(settings.namespace)
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics()
+        self.tracer = tracing.current()
         self.clock = RedisClock()
         self.slots = ModelSlots()
         self.ledger = Ledger()
@@ -238,6 +240,7 @@ class Worker:
             job_events=self.keys.job_events,
             transition=self._transition,
             backoff=self.loops.backoff("writer"),
+            tracer=self.tracer,
         )
         self._reader = Reader(
             consumer=self.id,
@@ -299,6 +302,7 @@ class Worker:
             metrics=self.metrics,
             stats=self.stats,
             backoff=self.loops.backoff(f"dispatch-{slot.model.name}"),
+            tracer=self.tracer,
         )
 
     def _start_loops(self) -> None:

@@ -46,10 +46,6 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "answers, else starts a private redis-server on a free port.",
     )
     add_flags(up, environ, GatewaySettings, WorkerSettings, UpSettings, FleetSettings)
-    # Several local workers (and several `inferq up`s) on one machine would fight over one
-    # metrics port: under `up` the workers' metrics are off unless a port is asked for.
-    if "INFERQ_METRICS_PORT" not in environ:
-        up.set_defaults(metrics_port=0)
 
     gw = sub.add_parser(
         "gateway",
@@ -81,7 +77,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def run_gateway(args: argparse.Namespace) -> int:
+def _start_tracing(command: str, environ: Mapping[str, str]) -> bool:
+    """Tracing as the ``OTEL_*`` variables say (off unless they name an exporter)."""
+    from runtime import tracing
+
+    try:
+        tracing.configure(environ, service=f"inferq-{command}")
+    except tracing.TracingError as e:
+        print(f"inferq {command}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     import uvicorn
 
     from producer.app import create_app
@@ -93,7 +101,9 @@ def run_gateway(args: argparse.Namespace) -> int:
     if args.gateways > 1 and args.listen_fd is None:
         from inferq.gateways import run_gateways
 
-        return run_gateways(args)
+        return run_gateways(args)  # the gateways it starts set up tracing, each for itself
+    if not _start_tracing("gateway", environ):
+        return EXIT_USAGE
     settings: GatewaySettings = from_args(GatewaySettings, args)
     app = create_app(settings)
     server = uvicorn.Server(server_config(app, settings))
@@ -118,12 +128,14 @@ def run_gateway(args: argparse.Namespace) -> int:
     return EXIT_OK if server.started else EXIT_FAILED
 
 
-def run_worker(args: argparse.Namespace) -> int:
+def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     from consumer.repository import RepositoryError
     from consumer.worker import LoopCrashed, MetricsPortError, Worker
     from runtime.logging import configure
 
     configure(args.log_level)
+    if not _start_tracing("worker", environ):
+        return EXIT_USAGE
     settings: WorkerSettings = from_args(WorkerSettings, args)
     worker = Worker(settings)
 
@@ -166,9 +178,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     args = build_parser(environ).parse_args(argv)
     if args.command == "gateway":
-        return run_gateway(args)
+        return run_gateway(args, environ)
     if args.command == "worker":
-        return run_worker(args)
+        return run_worker(args, environ)
     if args.command == "dlq":
         from inferq import dlq
 

@@ -177,8 +177,9 @@ def run_up(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return EXIT_FAILED
+            grpc = f" and gRPC at {host}:{args.grpc_port}" if args.grpc_port else ""
             print(
-                f"\ninferq is serving at {url} with {args.workers} worker(s) and "
+                f"\ninferq is serving at {url}{grpc} with {args.workers} worker(s) and "
                 f"{args.gateways} gateway(s). Try:\n\n"
                 f"  {example_curl(url, args.model_repository)}\n\n"
                 "Ctrl-C stops everything; a process that exits is restarted.\n",

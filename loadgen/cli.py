@@ -26,6 +26,7 @@ from loadgen.closed import run_closed_loop
 from loadgen.flags import (
     DEFAULT_CONCURRENCY,
     DEFAULT_DURATION_S,
+    DEFAULT_GRPC_URL,
     DEFAULT_MODEL,
     DEFAULT_URL,
     EXAMPLES,
@@ -36,6 +37,7 @@ from loadgen.flags import (
     METADATA_TIMEOUT_S,
     add_arguments,
 )
+from loadgen.grpc_client import GrpcConnection, GrpcTargetError, grpc_operation, grpc_requests
 from loadgen.http import HTTPClientError, HTTPConnection, parse_url
 from loadgen.http import run as run_loop
 from loadgen.inputs import (
@@ -97,7 +99,8 @@ def resolve_url(args: argparse.Namespace) -> str:
     if args.url:
         parse_url(args.url)
         return str(args.url)
-    url = getattr(args, "env_url", None) or DEFAULT_URL
+    default = DEFAULT_GRPC_URL if getattr(args, "protocol", "http") == "grpc" else DEFAULT_URL
+    url = getattr(args, "env_url", None) or default
     host = parse_url(url).host
     if not is_loopback(host):
         raise UsageError(
@@ -162,6 +165,37 @@ async def _bodies(
     )
 
 
+async def _grpc_workload(
+    args: argparse.Namespace, ref: ModelRef, document: Any, headers: Mapping[str, str]
+) -> tuple[None, Any, Callable[[], Any]]:
+    """The gRPC run's operation and connection factory (it sends no HTTP requests)."""
+    if args.jobs:
+        raise UsageError("--jobs needs --protocol http: async jobs are an HTTP API")
+    url = parse_url(ref.url())
+    target = f"{url.host}:{url.port}"
+    try:
+        requests = await grpc_requests(
+            target,
+            ref.model or DEFAULT_MODEL,
+            ref.version,
+            document=document,
+            parameters=dict(args.param),
+            rows=args.rows,
+            distinct=args.distinct,
+            seed=args.seed,
+            shapes=dict(args.shape),
+            timeout_s=METADATA_TIMEOUT_S,
+        )
+    except GrpcTargetError as exc:
+        raise TargetError(str(exc)) from None
+    metadata = [(k.lower(), v) for k, v in headers.items()]
+    return (
+        None,
+        grpc_operation(requests),
+        lambda: GrpcConnection(target, connect_timeout=5.0, metadata=metadata),
+    )
+
+
 def config_of(args: argparse.Namespace, url: str, ref: ModelRef) -> dict[str, Any]:
     """What was run, for the JSON and HTML outputs."""
     schedule, concurrency = _mode(args)
@@ -170,6 +204,7 @@ def config_of(args: argparse.Namespace, url: str, ref: ModelRef) -> dict[str, An
         "model": ref.model,
         "model_version": ref.version,
         "mode": ("jobs " if args.jobs else "") + ("open" if schedule else "closed"),
+        "protocol": args.protocol,
         "rate": schedule.describe() if schedule else None,
         "concurrency": concurrency or None,
         "duration_s": args.duration,
@@ -218,18 +253,22 @@ async def run_async(
     if args.duration is None:
         args.duration = schedule.length_s if schedule and schedule.length_s > 0 else None
         args.duration = args.duration or DEFAULT_DURATION_S
-    bodies = await _bodies(args, ref, document)
     headers = dict(args.header)
     if not args.cache:
         headers.setdefault("Cache-Control", "no-cache")
     suffix = "/jobs" if args.jobs else "/infer"
-    requests = build_requests(ref.path(suffix), bodies, headers)
     job_stats = JobStats()
-    operation = (
-        jobs_operation(job_stats, wait_s=args.job_wait, poll_interval_s=args.poll_interval)
-        if args.jobs
-        else None
-    )
+    transport = None
+    if args.protocol == "grpc":
+        requests, operation, transport = await _grpc_workload(args, ref, document, headers)
+    else:
+        bodies = await _bodies(args, ref, document)
+        requests = build_requests(ref.path(suffix), bodies, headers)
+        operation = (
+            jobs_operation(job_stats, wait_s=args.job_wait, poll_interval_s=args.poll_interval)
+            if args.jobs
+            else None
+        )
     recorder = Recorder()
     stop = asyncio.Event()
     undo = _install_sigint(stop)
@@ -247,6 +286,7 @@ async def run_async(
         max_requests=args.max_requests,
         timeout_s=args.timeout,
         operation=operation,
+        transport=transport,
     )
     try:
         async with progress:

@@ -20,6 +20,7 @@ from loadgen.schedule import RateSchedule, parse_duration
 __all__ = ["EXAMPLES", "add_arguments"]
 
 DEFAULT_URL = "http://127.0.0.1:8000"
+DEFAULT_GRPC_URL = "http://127.0.0.1:8001"
 DEFAULT_MODEL = "digits"
 DEFAULT_CONCURRENCY = 16
 DEFAULT_DURATION_S = 10.0
@@ -178,6 +179,14 @@ def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -
         help=f"model name (default: from the URL, else {DEFAULT_MODEL})",
     )
     e.add("--model-version", env="INFERQ_LOADGEN_MODEL_VERSION", help="model version")
+    e.add(
+        "--protocol",
+        env="INFERQ_LOADGEN_PROTOCOL",
+        default="http",
+        choices=["http", "grpc"],
+        help="http: V2 over HTTP/1.1; grpc: the V2 ModelInfer RPC (raw tensors) to the URL's "
+        f"host and port (default then: {DEFAULT_GRPC_URL})",
+    )
 
     work = parser.add_argument_group("workload")
     e.into = work

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from loadgen.http import ConnectError, HTTPClientError, HTTPConnection, PreparedRequest, Target
 from loadgen.recorder import Recorder
@@ -38,7 +39,10 @@ class LoadOptions:
     * phases: connections are opened first (untimed), then ``warmup_s`` of unrecorded work, then
       ``duration_s`` of measurement; ``max_requests`` (default :data:`DEFAULT_MAX_REQUESTS`)
       bounds the measured requests (the closed loop's warm-up too);
-    * ``timeout_s`` bounds each unit of work, ``connect_timeout_s`` each connect.
+    * ``timeout_s`` bounds each unit of work, ``connect_timeout_s`` each connect;
+    * ``transport`` makes the run's connections for another protocol, with an ``operation``
+      that uses them (gRPC: :mod:`loadgen.grpc_client`); by default they are HTTP keep-alive
+      connections to ``url``.
     """
 
     url: str
@@ -52,6 +56,7 @@ class LoadOptions:
     timeout_s: float = 30.0
     connect_timeout_s: float = 5.0
     operation: OperationFactory | None = None
+    transport: Callable[[], Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.duration_s > 0:
@@ -76,7 +81,11 @@ class LoadOptions:
         return target, (self.operation or send_operation)(target, reqs)
 
     def connection(self, target: Target) -> HTTPConnection:
-        """A new (not yet connected) keep-alive connection to the target."""
+        """A new (not yet connected) keep-alive connection to the target (or of ``transport``:
+        it has the same ``connect``, ``connected`` and ``aclose``)."""
+        if self.transport is not None:
+            conn: HTTPConnection = self.transport()
+            return conn
         return HTTPConnection(
             target.host,
             target.port,

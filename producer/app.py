@@ -6,8 +6,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import random
-import re
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from starlette.types import Receive
 import runtime
 from producer import openapi as api
 from producer.errors import (
+    INTERNAL_MESSAGE,
     BadRequest,
     GatewayError,
     PayloadTooLarge,
@@ -34,22 +33,22 @@ from producer.errors import (
 )
 from producer.gateway import Gateway
 from producer.inflight import BodyHold
-from producer.instrument import RequestMetrics
+from producer.instrument import RequestMetrics, RequestTracing
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
 from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
+from producer.traceparent import traceparent
 from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
+from runtime.tracing import REQUEST_TRACE, Tracer
 
 log = structlog.get_logger("inferq.gateway")
 
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "async_jobs"]
 JSON_TYPES = ("application/json",)
 BINARY_TYPES = ("application/octet-stream",)
-_trace_ids = random.Random()
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
 
 def _gateway(request: Request) -> Gateway:
@@ -58,12 +57,12 @@ def _gateway(request: Request) -> Gateway:
 
 
 def _traceparent(request: Request) -> str:
-    """The caller's W3C trace context, or a new one, so logs on every hop join up."""
-    given = request.headers.get("traceparent", "")
-    if _TRACEPARENT.match(given):
-        return given
-    # Trace ids must be unique, not secret: a seeded PRNG avoids two urandom calls per request.
-    return f"00-{_trace_ids.getrandbits(128):032x}-{_trace_ids.getrandbits(64):016x}-01"
+    """The caller's W3C trace context, or a new one, so logs on every hop join up. Traced,
+    it is the request's server span (a child of the caller's)."""
+    traced = REQUEST_TRACE.get().traceparent
+    if traced is not None:
+        return traced
+    return traceparent(request.headers.get("traceparent"))
 
 
 def _digits(raw: str | None) -> int | None:
@@ -270,14 +269,15 @@ async def infer(request: Request) -> Response:
             disconnected=functools.partial(_disconnect, request.receive),
         )
         result = outcome.result
-        body, json_length = encode_infer_response(
-            client_id=outcome.body.client_id,
-            model_name=result.model,
-            model_version=result.version,
-            outputs=result.outputs,
-            binary_outputs=outcome.body.binary_outputs,
-            binary_all=outcome.body.binary_all,
-        )
+        with REQUEST_TRACE.get().span("encode response"):
+            body, json_length = encode_infer_response(
+                client_id=outcome.body.client_id,
+                model_name=result.model,
+                model_version=result.version,
+                outputs=result.outputs,
+                binary_outputs=outcome.body.binary_outputs,
+                binary_all=outcome.body.binary_all,
+            )
     headers = {
         "traceparent": call.traceparent,
         "x-inferq-cache": "hit" if outcome.cached else "miss",
@@ -403,23 +403,43 @@ async def http_error(request: Request, exc: Exception) -> Response:
 
 async def internal_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error", path=request.url.path)
-    return JSONResponse({"error": "internal error in the gateway; see its log"}, status_code=500)
+    return JSONResponse({"error": INTERNAL_MESSAGE}, status_code=500)
 
 
-def routes() -> list[Route]:
+def routes(tracer: Tracer | None = None) -> list[Route]:
     """The HTTP surface, each path once: Starlette routes it, :mod:`producer.instrument` labels
     its metrics by the route's name, and :func:`producer.openapi.document` describes it from the
     route's :class:`~producer.openapi.Operation`."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
+
+    def traced(endpoint: str) -> list[Middleware] | None:
+        """With a tracer, the inference routes open each request's trace (nothing else is
+        traced: health checks, scrapes and polls would only add noise)."""
+        if tracer is None:
+            return None
+        return [Middleware(RequestTracing, tracer=tracer, endpoint=endpoint)]
+
     per_model: list[Route] = []
     for base in (model, versioned):
         per_model += [
             ApiRoute(base, model_metadata, api.MODEL_METADATA, name="model_metadata"),
             ApiRoute(base + "/ready", model_ready, api.MODEL_READY, name="model_ready"),
-            ApiRoute(base + "/infer", infer, api.INFER, name="infer", methods=["POST"]),
             ApiRoute(
-                base + "/jobs", submit_job, api.SUBMIT_JOB, name="job_submit", methods=["POST"]
+                base + "/infer",
+                infer,
+                api.INFER,
+                name="infer",
+                methods=["POST"],
+                middleware=traced("infer"),
+            ),
+            ApiRoute(
+                base + "/jobs",
+                submit_job,
+                api.SUBMIT_JOB,
+                name="job_submit",
+                methods=["POST"],
+                middleware=traced("job_submit"),
             ),
         ]
     repository = "/v2/repository"
@@ -464,16 +484,27 @@ def create_app(settings: GatewaySettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await gateway.start()
+        grpc_server = None
         try:
+            if settings.grpc_port:
+                from producer.grpc_server import GrpcServer  # grpc loads only when it serves
+
+                grpc_server = GrpcServer(gateway)
+                await grpc_server.start()
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             await gateway.stop()
 
-    table = routes()
+    traced = gateway.tracer if gateway.tracer.enabled else None
+    table = routes(traced)
     app = Starlette(
         routes=table,
         lifespan=lifespan,
-        middleware=[Middleware(RequestMetrics, gateway=gateway, routes=table)],
+        middleware=[
+            Middleware(RequestMetrics, gateway=gateway, routes=table, exemplars=bool(traced))
+        ],
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,

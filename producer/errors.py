@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from runtime.faults import Fault, classify, describe
 
+INTERNAL_MESSAGE = "internal error in the gateway; see its log"
+"""What a caller is told of an unexpected exception; the details go to the gateway's log."""
+
 
 class GatewayError(Exception):
     status: int = 500

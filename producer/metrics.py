@@ -93,22 +93,25 @@ class GatewayMetrics:
     """Every metric one gateway process exports, in its own registry."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        self._request_children: dict[tuple[str | None, str | None, str, int], tuple[Any, ...]] = {}
+        self._request_children: dict[
+            tuple[str | None, str | None, str, int, str], tuple[Any, ...]
+        ] = {}
         self.registry = new_registry() if registry is None else registry
         r = self.registry
         self.requests = Counter(
             "inferq_gateway_requests_total",
-            "HTTP requests answered, by model, version, endpoint and HTTP status code; model "
-            "and version are empty when the request named no known model.",
-            ["model", "version", "endpoint", "status"],
+            "Requests answered, by model, version, endpoint, HTTP status code (a gRPC call "
+            "counts under the HTTP status its gRPC code stands for) and protocol (http, grpc); "
+            "model and version are empty when the request named no known model.",
+            ["model", "version", "endpoint", "status", "protocol"],
             registry=r,
         )
         self.request_duration = Histogram(
             "inferq_gateway_request_duration_seconds",
             "End-to-end time from the request reaching the route to the response being ready, "
             "by model, version (the one it was routed to: compare a canary with the rest), "
-            "endpoint and status class (2xx, 4xx, 5xx).",
-            ["model", "version", "endpoint", "status_class"],
+            "endpoint, status class (2xx, 4xx, 5xx) and protocol (http, grpc).",
+            ["model", "version", "endpoint", "status_class", "protocol"],
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
@@ -206,24 +209,28 @@ class GatewayMetrics:
         seconds: float,
         *,
         body_bytes: int | None = None,
+        protocol: str = "http",
+        exemplar: dict[str, str] | None = None,
     ) -> None:
-        """One answered HTTP request (any status)."""
-        key = (model, version, endpoint, status)
+        """One answered request (any status); ``protocol`` is ``http`` or ``grpc``.
+        ``exemplar`` (a sampled request's trace id) labels its duration observation, shown in
+        the OpenMetrics exposition."""
+        key = (model, version, endpoint, status, protocol)
         children = self._request_children.get(key)
         if children is None:
             # labels() resolves and validates on every call; the label sets are few and fixed,
             # so resolve each once (this runs on every request).
             label = _one_of(endpoint, ENDPOINTS)
             children = self._request_children[key] = (
-                self.requests.labels(model or "", version or "", label, str(status)),
+                self.requests.labels(model or "", version or "", label, str(status), protocol),
                 self.request_duration.labels(
-                    model or "", version or "", label, _status_class(status)
+                    model or "", version or "", label, _status_class(status), protocol
                 ),
                 self.request_body.labels(model or ""),
             )
         count, duration, body = children
         count.inc()
-        duration.observe(seconds)
+        duration.observe(seconds, exemplar)
         if body_bytes is not None:
             body.observe(body_bytes)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from runtime.argtypes import non_negative_float, positive_float, positive_int
+from runtime.argtypes import non_negative_float, port_or_off, positive_float, positive_int
 from runtime.options import option
 from runtime.settings import ConnectionSettings
 
@@ -22,6 +22,13 @@ def default_gateway_id() -> str:
 class GatewaySettings(ConnectionSettings):
     host: str = option("127.0.0.1", flag="--host", env="INFERQ_HOST", help="address to listen on")
     port: int = option(8000, flag="--port", env="INFERQ_PORT", parse=int, help="HTTP port")
+    grpc_port: int = option(
+        8001,
+        flag="--grpc-port",
+        env="INFERQ_GRPC_PORT",
+        parse=port_or_off,
+        help="port of the Open Inference Protocol over gRPC, on the same --host (0: off)",
+    )
     gateway_id: str = field(default_factory=default_gateway_id)
     """Names this process's reply stream; unique per process."""
     max_body_bytes: int = option(

@@ -35,7 +35,7 @@ import json
 import math
 import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
@@ -48,9 +48,15 @@ from protocol.tensor import unpack_bytes_elements as _unpack_bytes
 
 __all__ = [
     "InferRequestBody",
+    "check_element_count",
+    "check_input_parameters",
+    "check_inputs_complete",
+    "check_tensor_header",
     "encode_infer_response",
     "parse_infer_request",
     "parse_json_object",
+    "raise_no_inputs",
+    "requested_outputs",
 ]
 
 _INT_RANGES: dict[str, tuple[int, int]] = {
@@ -180,10 +186,7 @@ def parse_infer_request(
 
     raw_inputs = request.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise BadRequest(
-            f"request needs 'inputs', a non-empty list of input tensors (model '{model.name}' "
-            f"takes {_names(model.inputs)})"
-        )
+        raise_no_inputs(model)
 
     specs = {s.name: s for s in model.inputs}
     inputs: list[Tensor] = []
@@ -191,7 +194,7 @@ def parse_infer_request(
     for index, raw in enumerate(raw_inputs):
         if not isinstance(raw, dict):
             raise BadRequest(f"inputs[{index}] must be an object, got {_json_type(raw)}")
-        name, datatype, shape = _tensor_header(raw, index, specs, model)
+        name, datatype, shape = check_tensor_header(raw, index, specs, model)
         if name in seen:
             raise BadRequest(f"input '{name}' appears more than once in the request")
         seen.add(name)
@@ -201,11 +204,7 @@ def parse_infer_request(
             params = {}
         elif not isinstance(params, dict):
             raise BadRequest(f"input '{name}': 'parameters' must be an object")
-        if "shared_memory_region" in params:
-            raise BadRequest(
-                f"input '{name}': shared memory is not supported by this server; send the "
-                "tensor in 'data' or as binary data"
-            )
+        check_input_parameters(name, params)
         size = params.get("binary_data_size")
         if size is not None:
             if "data" in raw:
@@ -227,19 +226,14 @@ def parse_infer_request(
             tensor = Tensor(name, datatype, shape, _json_tensor_data(name, datatype, shape, raw))
         inputs.append(tensor)
 
-    if len(seen) != len(specs):
-        missing = [s.name for s in model.inputs if s.name not in seen]
-        raise BadRequest(
-            f"model '{model.name}' needs input{'s' if len(missing) > 1 else ''} "
-            f"{_quoted(missing)}, missing from the request"
-        )
+    check_inputs_complete(seen, model)
     if pos != binary_end:
         raise BadRequest(
             f"request has {binary_end - pos} bytes of binary data after the JSON header that no "
             "input claims (the inputs' binary_data_size values add up to less)"
         )
 
-    outputs, binary_outputs, binary_all = _requested_outputs(
+    outputs, binary_outputs, binary_all = requested_outputs(
         request.get("outputs"), model, binary_data_output
     )
     return InferRequestBody(
@@ -316,10 +310,11 @@ def encode_infer_response(
 # --- requests: tensor headers -------------------------------------------------------------
 
 
-def _tensor_header(
+def check_tensor_header(
     raw: dict[str, Any], index: int, specs: dict[str, TensorSpec], model: ModelMetadata
 ) -> tuple[str, str, tuple[int, ...]]:
-    """Check an input's name, datatype and shape against the model."""
+    """Check an input's name, datatype and shape (``raw`` holds them under the V2 JSON keys)
+    against the model; ``specs`` are the model's inputs by name."""
     name = raw.get("name")
     if not isinstance(name, str):
         raise BadRequest(f"inputs[{index}] needs a string 'name'")
@@ -359,6 +354,32 @@ def _tensor_header(
     return name, datatype, tuple(shape)
 
 
+def raise_no_inputs(model: ModelMetadata) -> NoReturn:
+    raise BadRequest(
+        f"request needs 'inputs', a non-empty list of input tensors (model '{model.name}' "
+        f"takes {_names(model.inputs)})"
+    )
+
+
+def check_input_parameters(name: str, params: dict[str, Any]) -> None:
+    """Reject the input parameters of extensions this server does not implement."""
+    if "shared_memory_region" in params:
+        raise BadRequest(
+            f"input '{name}': shared memory is not supported by this server; send the "
+            "tensor in 'data' or as binary data"
+        )
+
+
+def check_inputs_complete(seen: set[str], model: ModelMetadata) -> None:
+    """Every input of the model was given (``seen`` holds the names of those that were)."""
+    if len(seen) != len(model.inputs):
+        missing = [s.name for s in model.inputs if s.name not in seen]
+        raise BadRequest(
+            f"model '{model.name}' needs input{'s' if len(missing) > 1 else ''} "
+            f"{_quoted(missing)}, missing from the request"
+        )
+
+
 def _short_binary_message(name: str, size: int, left: int, header_length: int | None) -> str:
     if header_length is None:
         return (
@@ -384,7 +405,7 @@ def _json_tensor_data(
     need = math.prod(shape)
     if datatype == BYTES:
         elements = _json_strings(name, data)
-        _check_count(name, shape, need, len(elements))
+        check_element_count(name, shape, need, len(elements))
         try:
             encoded = [e.encode("utf-8") for e in elements]
         except UnicodeEncodeError:
@@ -396,7 +417,7 @@ def _json_tensor_data(
     return _json_numbers(name, datatype, shape, need, data).tobytes()
 
 
-def _check_count(name: str, shape: tuple[int, ...], need: int, got: int) -> None:
+def check_element_count(name: str, shape: tuple[int, ...], need: int, got: int) -> None:
     if got != need:
         raise BadRequest(
             f"input '{name}': shape {list(shape)} needs {need} "
@@ -437,7 +458,7 @@ def _json_numbers(
         raise BadRequest(
             f"input '{name}': 'data' nested lists are ragged (every row must have the same length)"
         ) from None
-    _check_count(name, shape, need, arr.size)
+    check_element_count(name, shape, need, arr.size)
     dtype = DTYPES[datatype]
     if arr.size == 0:
         return np.empty(0, dtype=dtype)
@@ -528,9 +549,12 @@ def _object_numbers(name: str, datatype: str, arr: npt.NDArray[Any]) -> npt.NDAr
 # --- requests: outputs --------------------------------------------------------------------
 
 
-def _requested_outputs(
+def requested_outputs(
     raw_outputs: Any, model: ModelMetadata, binary_data_output: bool
 ) -> tuple[list[str] | None, frozenset[str], bool]:
+    """The requested outputs' names (``None``: all), those to send as binary data, and whether
+    every output is (see :class:`InferRequestBody`); ``raw_outputs`` is the request's
+    ``outputs`` list of ``{"name": ..., "parameters": {...}}`` objects."""
     if raw_outputs is None or raw_outputs == []:
         if binary_data_output:
             return None, frozenset(s.name for s in model.outputs), True

@@ -30,3 +30,11 @@ def non_negative_float(raw: str) -> float:
     if not value >= 0:
         raise ValueError(raw)
     return value
+
+
+def port_or_off(raw: str) -> int:
+    """A TCP port, or 0 for off."""
+    value = int(raw)
+    if not 0 <= value <= 65535:
+        raise ValueError(raw)
+    return value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import pytest
 
 from inferq.cli import build_parser, main
 from inferq.redisserver import free_port
+from tests.support import missing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +32,8 @@ def test_every_subcommand_has_complete_help(capsys):
         "--workers",
         "--host",
         "--port",
+        "--grpc-port",
+        "INFERQ_GRPC_PORT",
         "--model-repository",
         "--models",
         "--max-batch",
@@ -59,11 +63,37 @@ def test_environment_variables_set_defaults_and_flags_win():
     assert parser.parse_args(["worker", "--max-batch", "4"]).max_batch == 4
 
 
+def test_grpc_listens_on_8001_by_default_and_0_turns_it_off():
+    assert build_parser({}).parse_args(["gateway"]).grpc_port == 8001
+    assert build_parser({"INFERQ_GRPC_PORT": "0"}).parse_args(["up"]).grpc_port == 0
+    assert build_parser({}).parse_args(["up", "--grpc-port", "9001"]).grpc_port == 9001
+    with pytest.raises(SystemExit):
+        build_parser({}).parse_args(["gateway", "--grpc-port", "70000"])
+
+
 def test_a_bad_environment_value_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser({"INFERQ_MAX_BATCH": "lots"})
     assert exit_.value.code == 2
     assert "INFERQ_MAX_BATCH" in capsys.readouterr().err
+
+
+def test_up_serves_worker_metrics_from_port_9100_by_default():
+    # Worker i of `inferq up` gets the base + i: a local Prometheus sees every worker's stages
+    # with no flag (README: Monitoring), and INFERQ_METRICS_PORT / --metrics-port move the base.
+    assert build_parser({}).parse_args(["up"]).metrics_port == 9100
+    assert build_parser({"INFERQ_METRICS_PORT": "9200"}).parse_args(["up"]).metrics_port == 9200
+    assert build_parser({}).parse_args(["up", "--metrics-port", "0"]).metrics_port == 0
+
+
+@pytest.mark.parametrize("command", ["gateway", "worker"])
+def test_an_otel_exporter_that_is_not_installed_is_a_usage_error(command, capsys):
+    if importlib.util.find_spec("opentelemetry") is None:
+        missing("the otel extra (pip install -e '.[otel]')")
+    environ = {"OTEL_TRACES_EXPORTER": "no-such-exporter"}
+    code = main([command, "--redis", "redis://127.0.0.1:1/0"], environ=environ)
+    assert code == 2
+    assert "no-such-exporter" in capsys.readouterr().err
 
 
 def test_worker_with_a_missing_model_exits_with_a_clear_message(tmp_path, capsys):
@@ -116,6 +146,8 @@ def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
             "redis://127.0.0.1:1/0",
             "--port",
             str(port),
+            "--grpc-port",
+            "0",
             "--workers",
             "2",
             "--log-level",
@@ -178,3 +210,35 @@ def test_up_without_redis_says_how_to_install_it(tmp_path):
     )
     assert result.returncode == 1
     assert "install Redis" in result.stderr
+
+
+def test_gateway_exits_with_a_clear_message_when_the_grpc_port_is_taken(tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # no SO_REUSEPORT: nothing may share it
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "inferq",
+                "gateway",
+                "--redis",
+                "redis://127.0.0.1:1/0",
+                "--port",
+                str(free_port()),
+                "--grpc-port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            capture_output=True,
+            text=True,
+            env=_env(),
+            cwd=tmp_path,
+            timeout=60,
+        )
+    assert result.returncode != 0
+    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in result.stdout + result.stderr

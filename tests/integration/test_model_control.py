@@ -248,7 +248,7 @@ def test_a_90_10_split_sends_each_version_its_share(control_stack, capsys):
         text = c.get("/metrics").text
     for version in ("1", "2"):
         assert (
-            f'inferq_gateway_requests_total{{endpoint="infer",model="digits",status="200",version="{version}"}}'
+            f'inferq_gateway_requests_total{{endpoint="infer",model="digits",protocol="http",status="200",version="{version}"}}'
             in text
         )
 

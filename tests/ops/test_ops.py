@@ -4,7 +4,8 @@ matches the code's default, and every metric the dashboard and the alerts query 
 
 YAML files are parsed with PyYAML when it is installed (it is not a dev dependency yet; those
 checks skip with that reason otherwise). promtool (Debian: apt-get install prometheus) checks and
-unit-tests the alert rules and the dashboard's queries; without it those tests skip.
+unit-tests the alert rules and the dashboard's queries; without it those tests skip, except in
+CI (CI=true), where they fail: `make test` installs it.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -31,6 +31,7 @@ from producer.app import routes
 from producer.metrics import GatewayMetrics
 from producer.settings import GatewaySettings
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys
+from tests.support import missing
 
 REPO = Path(__file__).resolve().parents[2]
 OPS = REPO / "ops"
@@ -240,10 +241,7 @@ def test_every_alert_is_described_in_the_readme_and_unit_tested(yaml):
 def promtool() -> str:
     path = shutil.which("promtool")
     if path is None:
-        why = "promtool is not installed (Debian: apt-get install prometheus)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{why}; in CI these checks must run (scripts/ensure-promtool)")
-        pytest.skip(why)
+        missing("promtool (Debian: apt-get install prometheus)")
     return path
 
 
@@ -304,7 +302,8 @@ def test_the_image_runs_the_gateway_as_a_non_root_user_on_the_default_port():
     args = parse_command(image["cmd"])
     assert (args.command, args.host) == ("gateway", "0.0.0.0")
     assert args.port == GatewaySettings().port == 8000
-    assert image["exposed"] == {GatewaySettings().port, DEFAULT_METRICS_PORT}
+    settings = GatewaySettings()
+    assert image["exposed"] == {settings.port, settings.grpc_port, DEFAULT_METRICS_PORT}
     uid = image["user"].split(":")[0]
     assert uid.isdigit() and int(uid) != 0
     models = PurePosixPath(image["env"]["INFERQ_MODEL_REPOSITORY"])
@@ -340,7 +339,11 @@ def test_compose_commands_flags_and_variables_exist_in_the_cli(compose):
         assert args.command == name
         assert set(service["environment"]) <= known, set(service["environment"]) - known
     gateway = parse_command(compose["services"]["gateway"]["command"])
-    assert compose["services"]["gateway"]["ports"] == [f"{gateway.port}:{gateway.port}"]
+    grpc = GatewaySettings().grpc_port
+    assert compose["services"]["gateway"]["ports"] == [
+        f"{gateway.port}:{gateway.port}",
+        f"{grpc}:{grpc}",
+    ]
     assert gateway.port == GatewaySettings().port
 
 
@@ -455,7 +458,7 @@ def test_k8s_gateway_probes_hit_real_health_routes_on_the_default_port(yaml):
     objects = k8s_objects(yaml)
     gateway = container(objects[("Deployment", "inferq-gateway")])
     ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
-    assert ports == {"http": GatewaySettings().port}
+    assert ports == {"http": GatewaySettings().port, "grpc": GatewaySettings().grpc_port}
     assert parse_command(gateway["args"]).port == GatewaySettings().port
     methods = route_methods()
     probes = {kind: gateway[kind]["httpGet"] for kind in ("livenessProbe", "readinessProbe")}

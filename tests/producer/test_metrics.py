@@ -25,10 +25,13 @@ from protocol.keys import GROUP, Keys, Lane
 from runtime.metrics import BYTES_BUCKETS, LATENCY_BUCKETS
 
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
-    "inferq_gateway_requests_total": ("counter", ("model", "version", "endpoint", "status")),
+    "inferq_gateway_requests_total": (
+        "counter",
+        ("model", "version", "endpoint", "status", "protocol"),
+    ),
     "inferq_gateway_request_duration_seconds": (
         "histogram",
-        ("model", "version", "endpoint", "status_class"),
+        ("model", "version", "endpoint", "status_class", "protocol"),
     ),
     "inferq_gateway_request_body_bytes": ("histogram", ("model",)),
     "inferq_gateway_cache_hits_total": ("counter", ("model",)),
@@ -123,25 +126,38 @@ def test_latency_buckets_run_from_half_a_millisecond_to_a_minute():
     assert BYTES_BUCKETS[-1] == 64 * 1024 * 1024
 
 
-def test_a_request_is_counted_by_model_version_endpoint_and_status():
+def test_a_request_is_counted_by_model_version_endpoint_status_and_protocol():
     m = GatewayMetrics()
     m.observe_request("digits", "1", "infer", 200, 0.004, body_bytes=300)
     m.observe_request("digits", "1", "infer", 200, 0.006)
+    m.observe_request("digits", "1", "infer", 200, 0.002, body_bytes=100, protocol="grpc")
     m.observe_request(None, None, "infer", 404, 0.001)
     m.observe_request(None, None, "/made/up", 404, 0.001)
 
-    def count(**labels: str) -> float | None:
-        return sample(m, "inferq_gateway_requests_total", **labels)
+    def count(protocol: str = "http", **labels: str) -> float | None:
+        return sample(m, "inferq_gateway_requests_total", protocol=protocol, **labels)
 
     assert count(model="digits", version="1", endpoint="infer", status="200") == 2
+    assert count("grpc", model="digits", version="1", endpoint="infer", status="200") == 1
     assert count(model="", version="", endpoint="infer", status="404") == 1
     assert count(model="", version="", endpoint="other", status="404") == 1
     duration = "inferq_gateway_request_duration_seconds_count"
+    http = {"model": "digits", "version": "1", "endpoint": "infer", "status_class": "2xx"}
+    assert sample(m, duration, protocol="http", **http) == 2
+    assert sample(m, duration, protocol="grpc", **http) == 1
     assert (
-        sample(m, duration, model="digits", version="1", endpoint="infer", status_class="2xx") == 2
+        sample(
+            m,
+            duration,
+            model="",
+            version="",
+            endpoint="infer",
+            status_class="4xx",
+            protocol="http",
+        )
+        == 1
     )
-    assert sample(m, duration, model="", version="", endpoint="infer", status_class="4xx") == 1
-    assert sample(m, "inferq_gateway_request_body_bytes_sum", model="digits") == 300
+    assert sample(m, "inferq_gateway_request_body_bytes_sum", model="digits") == 400
 
 
 def test_cache_lookups_rejections_and_waiters():

@@ -1,0 +1,395 @@
+"""``inference.GRPCInferenceService``: the V2 gRPC methods, each a thin call into the same
+inference service, registry and model admin the HTTP routes use.
+
+Errors are the gateway's own (``producer.errors``), turned into a gRPC status by one table keyed
+by their HTTP status (``protocol.grpc.status``), with the same message. Every call is counted in
+the same request metrics as HTTP, with ``protocol="grpc"`` and the HTTP status of its answer.
+
+Deadlines: a call's gRPC deadline becomes the request's V2 ``timeout`` (the smaller of the two
+when both are given); the service caps it by ``--max-timeout-ms`` as it does for HTTP. A call the
+client cancels (or whose deadline passes) cancels its handler; the service then abandons the
+request as it does for an HTTP client that hangs up: it stops waiting, and a worker that has not
+started the request drops it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import grpc
+import structlog
+
+import runtime
+from producer.errors import (
+    INTERNAL_MESSAGE,
+    BadRequest,
+    ClientClosedRequest,
+    GatewayError,
+    GatewayTimeout,
+    NotFound,
+)
+from producer.grpc_codec import decode_infer_request, encode_infer_response, parameter_values
+from producer.instrument import known_labels
+from producer.routing import ROUTED_VERSION
+from producer.traceparent import traceparent
+from protocol.grpc import inferq_v2_pb2 as pb
+from protocol.grpc.status import grpc_code
+from runtime.tracing import NO_REQUEST, REQUEST_TRACE
+
+if TYPE_CHECKING:
+    from producer.admin import ModelAdmin
+    from producer.gateway import Gateway
+
+log = structlog.get_logger("inferq.gateway")
+
+T = TypeVar("T")
+
+CLIENT_CLOSED = ClientClosedRequest.status
+"""The status recorded in metrics for a call the client cancelled (nginx's 499)."""
+
+EXTENSIONS = ["schedule_policy", "model_repository", "streaming"]
+"""What ``ServerMetadata`` lists: the V2 priority/timeout parameters, the repository RPCs and
+``ModelStreamInfer``. The HTTP-only binary tensor and async jobs extensions are not offered here."""
+
+
+class InferenceServicer:
+    """The service's methods; ``protocol.grpc.service.generic_handler`` binds them by name."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    # -- health and metadata ---------------------------------------------------------------
+
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerLiveResponse:
+        async def work() -> pb.ServerLiveResponse:
+            return pb.ServerLiveResponse(live=True)
+
+        return await self._unary(context, "health_live", work)
+
+    async def ServerReady(
+        self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerReadyResponse:
+        async def work() -> pb.ServerReadyResponse:
+            # The V2 message has no field for the reasons; /v2/health/ready lists them.
+            ok, _ = await self.gateway.ready()
+            return pb.ServerReadyResponse(ready=ok)
+
+        return await self._unary(context, "health_ready", work)
+
+    async def ServerMetadata(
+        self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerMetadataResponse:
+        async def work() -> pb.ServerMetadataResponse:
+            return pb.ServerMetadataResponse(
+                name="inferq", version=runtime.__version__, extensions=EXTENSIONS
+            )
+
+        return await self._unary(context, "server_metadata", work)
+
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelReadyResponse:
+        async def work() -> pb.ModelReadyResponse:
+            # An unknown model is not ready, as tritonclient reads an HTTP 404 here: a client
+            # polling for a model that is still starting must not get an error.
+            try:
+                entry, _ = await self.gateway.service.model(
+                    request.name, request.version or None, route=False
+                )
+            except NotFound:
+                return pb.ModelReadyResponse(ready=False)
+            return pb.ModelReadyResponse(ready=entry.workers > 0 and not entry.unloaded)
+
+        return await self._unary(context, "model_ready", work, request.name, request.version)
+
+    async def ModelMetadata(
+        self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelMetadataResponse:
+        async def work() -> pb.ModelMetadataResponse:
+            entry, _ = await self.gateway.service.model(
+                request.name, request.version or None, route=False
+            )
+            meta = entry.metadata
+            spec = pb.ModelMetadataResponse.TensorMetadata
+            return pb.ModelMetadataResponse(
+                name=meta.name,
+                versions=list(meta.versions),
+                platform=meta.platform,
+                inputs=[spec(name=s.name, datatype=s.datatype, shape=s.shape) for s in meta.inputs],
+                outputs=[
+                    spec(name=s.name, datatype=s.datatype, shape=s.shape) for s in meta.outputs
+                ],
+            )
+
+        return await self._unary(context, "model_metadata", work, request.name, request.version)
+
+    # -- inference -------------------------------------------------------------------------
+
+    async def ModelInfer(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        size = request.ByteSize()
+        return await self._unary(
+            context,
+            "infer",
+            lambda: self._infer(request, size, context),
+            request.model_name,
+            request.model_version,
+            body_bytes=size,
+        )
+
+    async def ModelStreamInfer(
+        self,
+        requests: AsyncIterator[pb.ModelInferRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """Each request on the stream runs concurrently; each answer, or its error, is written
+        as soon as it is ready (so answers may come in another order: match them by ``id``)."""
+        writing = asyncio.Lock()
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(request: pb.ModelInferRequest) -> None:
+            size = request.ByteSize()
+            try:
+                answer = pb.ModelStreamInferResponse(
+                    infer_response=await self._observed(
+                        "infer",
+                        lambda: self._infer(request, size, context),
+                        request.model_name,
+                        request.model_version,
+                        body_bytes=size,
+                    )
+                )
+            except GatewayError as e:
+                answer = pb.ModelStreamInferResponse(
+                    error_message=e.message,
+                    infer_response=pb.ModelInferResponse(
+                        model_name=request.model_name,
+                        model_version=request.model_version,
+                        id=request.id,
+                    ),
+                )
+            async with writing:
+                await context.write(answer)
+
+        try:
+            async for request in requests:
+                task = asyncio.create_task(one(request))
+                running.add(task)
+                task.add_done_callback(running.discard)
+            await asyncio.gather(*running)
+        finally:
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _infer(
+        self, request: pb.ModelInferRequest, size: int, context: grpc.aio.ServicerContext
+    ) -> pb.ModelInferResponse:
+        metadata = _metadata(context)
+        parameters = _with_deadline(parameter_values(request.parameters), context)
+        service = self.gateway.service
+        trace = NO_REQUEST
+        if self.gateway.tracer.enabled:  # the call's server span, as HTTP's RequestTracing
+            trace = self.gateway.tracer.request(
+                "grpc ModelInfer",
+                metadata.get("traceparent"),
+                {"rpc.system": "grpc", "inferq.model": request.model_name},
+            )
+        token = REQUEST_TRACE.set(trace)
+        status = 500
+        try:
+            # The message is in memory already (gRPC refused it past --max-body-bytes): hold
+            # its bytes against --max-inflight-bytes, as HTTP holds a body's, until the answer.
+            with service.hold_body() as hold:
+                hold.grow_to(size)
+                # A call the client cancels cancels this task: the service abandons the request
+                # (stops waiting, marks it so a worker that has not started it drops it).
+                outcome = await service.infer_decoded(
+                    request.model_name,
+                    request.model_version or None,
+                    lambda meta: decode_infer_request(request, meta, parameters),
+                    no_cache=_no_cache(metadata.get("cache-control", "")),
+                    traceparent=trace.traceparent or traceparent(metadata.get("traceparent")),
+                )
+            result = outcome.result
+            with trace.span("encode response"):
+                answer = encode_infer_response(
+                    client_id=outcome.body.client_id,
+                    model_name=result.model,
+                    model_version=result.version,
+                    outputs=result.outputs,
+                    typed=not request.raw_input_contents,
+                )
+            status = 200
+            return answer
+        except GatewayError as e:
+            status = e.status  # the HTTP status of the same error: 4xx is not a server error
+            raise
+        finally:
+            REQUEST_TRACE.reset(token)
+            trace.end(status)
+
+    # -- model repository (Triton's extension) ---------------------------------------------
+
+    async def RepositoryIndex(
+        self, request: pb.RepositoryIndexRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryIndexResponse:
+        async def work() -> pb.RepositoryIndexResponse:
+            admin = self._admin(context)
+            index = pb.RepositoryIndexResponse.ModelIndex
+            return pb.RepositoryIndexResponse(
+                models=[
+                    index(
+                        name=row["name"],
+                        version=row.get("version", ""),
+                        state=row["state"],
+                        reason=row.get("reason", ""),
+                    )
+                    for row in await admin.index(ready_only=request.ready)
+                ]
+            )
+
+        return await self._unary(context, "other", work)
+
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelLoadResponse:
+        async def work() -> pb.RepositoryModelLoadResponse:
+            admin = self._admin(context)
+            await admin.load(request.model_name, _load_parameters(request.parameters))
+            return pb.RepositoryModelLoadResponse()
+
+        return await self._unary(context, "other", work)
+
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
+    ) -> pb.RepositoryModelUnloadResponse:
+        async def work() -> pb.RepositoryModelUnloadResponse:
+            admin = self._admin(context)
+            await admin.unload(request.model_name, parameter_values(request.parameters))
+            return pb.RepositoryModelUnloadResponse()
+
+        return await self._unary(context, "other", work)
+
+    def _admin(self, context: grpc.aio.ServicerContext) -> ModelAdmin:
+        admin = self.gateway.admin
+        admin.authorize(_metadata(context).get("authorization"))
+        return admin
+
+    # -- one place for status codes and metrics --------------------------------------------
+
+    async def _unary(
+        self,
+        context: grpc.aio.ServicerContext,
+        endpoint: str,
+        work: Callable[[], Awaitable[T]],
+        model: str | None = None,
+        version: str | None = None,
+        *,
+        body_bytes: int | None = None,
+    ) -> T:
+        try:
+            return await self._observed(endpoint, work, model, version, body_bytes=body_bytes)
+        except GatewayError as e:
+            await _abort(context, e)
+
+    async def _observed(
+        self,
+        endpoint: str,
+        work: Callable[[], Awaitable[T]],
+        model: str | None,
+        version: str | None,
+        *,
+        body_bytes: int | None = None,
+    ) -> T:
+        """Run ``work``, count and time it; anything but a GatewayError (or a cancellation) is
+        logged and becomes one with status 500."""
+        started = time.perf_counter()
+        status = 500
+        routed = ROUTED_VERSION.set(None)
+        try:
+            answer = await work()
+            status = 200
+            return answer
+        except GatewayError as e:
+            status = e.status
+            raise
+        except asyncio.CancelledError:
+            status = CLIENT_CLOSED
+            raise
+        except Exception as e:
+            log.exception("unhandled error", method=endpoint, protocol="grpc")
+            raise GatewayError(INTERNAL_MESSAGE) from e
+        finally:
+            labels = known_labels(
+                self.gateway.registry, model or None, version or None, ROUTED_VERSION.get()
+            )
+            self.gateway.metrics.observe_request(
+                *labels,
+                endpoint,
+                status,
+                time.perf_counter() - started,
+                body_bytes=body_bytes,
+                protocol="grpc",
+            )
+            ROUTED_VERSION.reset(routed)
+
+
+async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> NoReturn:
+    if error.retry_after_s is not None:
+        context.set_trailing_metadata((("retry-after", str(max(1, round(error.retry_after_s)))),))
+    await context.abort(grpc_code(error.status), error.message)
+    raise AssertionError("context.abort returned")  # it raises; this tells type checkers
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
+    """The call's text metadata (gRPC lowercases keys; binary ``-bin`` values are skipped)."""
+    return {
+        key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)
+    }
+
+
+def _no_cache(cache_control: str) -> bool:
+    directives = cache_control.lower()
+    return "no-cache" in directives or "no-store" in directives
+
+
+def _with_deadline(parameters: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:
+    """The request's parameters with the call's deadline as its V2 ``timeout`` (microseconds),
+    or the smaller of the two when the request names one too."""
+    remaining = context.time_remaining()
+    if remaining is None:
+        return parameters
+    if remaining <= 0:
+        raise GatewayTimeout("the call's gRPC deadline passed before the request was read")
+    deadline_us = max(1, int(remaining * 1_000_000))
+    given = parameters.get("timeout")
+    if given is None or given == 0:
+        parameters["timeout"] = deadline_us
+    elif isinstance(given, int) and not isinstance(given, bool) and given > 0:
+        parameters["timeout"] = min(given, deadline_us)
+    # Anything else is invalid and left for the service to refuse with its usual message.
+    return parameters
+
+
+def _load_parameters(parameters: Any) -> dict[str, Any]:
+    """Load parameters as ``ModelAdmin.load`` takes them from JSON: ``weights`` travels as a
+    JSON object in a string parameter, since a gRPC parameter holds no maps."""
+    values = parameter_values(parameters)
+    weights = values.get("weights")
+    if isinstance(weights, str):
+        try:
+            values["weights"] = json.loads(weights)
+        except ValueError:
+            raise BadRequest(
+                "parameter 'weights' must be a JSON object in a string, e.g. "
+                '\'{"1": 90, "2": 10}\''
+            ) from None
+    return values
