@@ -35,6 +35,7 @@ from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.cluster import script_per_slot
 from runtime.faults import RETRYABLE
+from runtime.tracing import Tracer
 
 log = structlog.get_logger("inferq.worker")
 
@@ -57,6 +58,7 @@ class Dispatcher:
         metrics: WorkerMetrics,
         stats: WorkerStats,
         backoff: Backoff,
+        tracer: Tracer | None = None,
     ) -> None:
         self.slot = slot
         self._redis = redis
@@ -72,6 +74,7 @@ class Dispatcher:
         self._metrics = metrics
         self._stats = stats
         self._backoff = backoff
+        self._tracer = tracer if tracer is not None and tracer.enabled else None
 
     async def run(self) -> None:
         slot = self.slot
@@ -205,12 +208,25 @@ class Dispatcher:
         self._stats.batches += 1
         self._stats.requests += len(batch)
         self._stats.batch_sizes.append(len(batch))
+        rows = sum(rows_of(d.request) for d in batch)
+        exemplar = None
+        if self._tracer is not None:
+            exemplar = self._tracer.batch(
+                model=slot.model.name,
+                worker=self._worker_id,
+                requests=[(d.request.traceparent, d.read_at) for d in batch],
+                started=started,
+                finished=time.monotonic(),
+                rows=rows,
+                failed=outcome.model_failed,
+            )
         self._metrics.observe_batch(
             slot.model.name,
             requests=len(batch),
-            rows=sum(rows_of(d.request) for d in batch),
+            rows=rows,
             batch_waits_s=[started - d.read_at for d in batch],
             inference_s=outcome.infer_s,
+            exemplar=exemplar,
         )
         out = []
         for d, result in zip(batch, outcome.results, strict=True):

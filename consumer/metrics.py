@@ -199,12 +199,14 @@ class WorkerMetrics:
         rows: int,
         batch_waits_s: Sequence[float],
         inference_s: float,
+        exemplar: dict[str, str] | None = None,
     ) -> None:
-        """One model call: its size, its duration, and each request's batch-formation wait."""
+        """One model call: its size, its duration, and each request's batch-formation wait.
+        ``exemplar`` (the inference span's trace id, when sampled) labels the duration."""
         self.batch_requests.labels(model).observe(requests)
         self.batch_rows.labels(model).observe(rows)
         self.rows.labels(model).inc(rows)
-        self.inference.labels(model).observe(inference_s)
+        self.inference.labels(model).observe(inference_s, exemplar)
         wait = self.batch_wait.labels(model)
         for seconds in batch_waits_s:
             wait.observe(max(0.0, seconds))

@@ -49,6 +49,8 @@ class Outgoing:
     model: str = ""
     finished_at: float = 0.0
     """When the model call (or the expiry answer) ended, monotonic: the reply-stage clock."""
+    traceparent: str | None = None
+    """The request's trace context, for its *result write* span when tracing is on."""
 
     @property
     def entry(self) -> tuple[str, bytes]:
@@ -122,6 +124,7 @@ class Outcomes:
                 job=self._job_update(r, result, payload),
                 model=r.model,
                 finished_at=time.monotonic(),
+                traceparent=r.traceparent,
             )
         return Outgoing(
             d.stream,
@@ -129,6 +132,7 @@ class Outcomes:
             payload,
             model=r.model,
             finished_at=time.monotonic(),
+            traceparent=r.traceparent,
             # Only successes are stored: the result key doubles as the cache entry.
             result_key=r.result_key if result.status is Status.OK else None,
             ttl_ms=r.result_ttl_ms,

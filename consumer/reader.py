@@ -18,6 +18,7 @@ refused by a dead master) reconnects to where the slot lives now.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,6 +70,11 @@ class ReadGroup:
     blocking_on: frozenset[str] | None = None
     missing: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    read_done: asyncio.Event = field(default_factory=asyncio.Event)
+    """Clear while a read is in flight (``Reader.finish`` waits for it)."""
+
+    def __post_init__(self) -> None:
+        self.read_done.set()
 
 
 class Reader:
@@ -106,6 +112,7 @@ class Reader:
         self._max_deliveries = max_deliveries
         self.draining = False
         """Set on shutdown: take nothing more."""
+        self._finishing = False
 
     # -- groups ------------------------------------------------------------------------------
 
@@ -155,15 +162,41 @@ class Reader:
                 group.wake.clear()
                 await group.wake.wait()
                 continue
+            group.read_done.clear()
             try:
-                reply = await self._read(group, streams, count, block)
-            except RETRYABLE as e:
-                await self._read_failed(group, e)
-                continue
+                try:
+                    reply = await self._read(group, streams, count, block)
+                except RETRYABLE as e:
+                    await self._read_failed(group, e)
+                    continue
+                finally:
+                    group.blocking_on = None
+                group.backoff.succeeded()
+                self._deliver(group, reply or [], streams, count)
             finally:
-                group.blocking_on = None
-            group.backoff.succeeded()
-            self._deliver(group, reply or [], streams, count)
+                group.read_done.set()
+
+    async def finish(self, timeout_s: float) -> None:
+        """Stop reading without dropping a read in flight. Redis serves a blocked XREADGROUP
+        the moment an entry arrives, so entries may already be this consumer's when the worker
+        decides to stop: cancelling the read would leave them for another worker's
+        ``claim_idle_ms`` and their callers to their deadlines. So a blocked read is woken
+        (``CLIENT UNBLOCK``) and what it returns is queued like any read; then no read starts
+        again (the reader waits to be cancelled)."""
+        self._finishing = True
+        self.draining = True
+        for group in self.groups:
+            group.wake.set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            busy = [g for g in self.groups if not g.read_done.is_set()]
+            if not busy:
+                return
+            for group in busy:
+                if group.blocking_on is not None and group.client_id is not None:
+                    await self._unblock(group, group.client_id)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(busy[0].read_done.wait(), 0.05)
 
     async def _read(
         self, group: ReadGroup, streams: dict[str, str], count: int, block: bool
@@ -217,6 +250,8 @@ class Reader:
     def _wanted(self, group: ReadGroup) -> tuple[dict[str, str], int, bool]:
         """The group's streams to read (with ids), entries per stream, and whether to block."""
         streams: dict[str, str] = {}
+        if self._finishing:
+            return streams, 0, False
         count = 0
         prompt = False
         for slot in self._slots.values():

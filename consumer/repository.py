@@ -49,9 +49,12 @@ class SimulatedLatency:
     failure_rate: float = 0.0
     seed: int = 0
     crash_value: float | None = None
+    """An input value that makes the worker process exit at once (chaos tests)."""
     load_ms: float = 0.0
     """How long loading a version takes (a large model's load and warm-up, without the CPU)."""
-    """An input value that makes the worker process exit at once (chaos tests)."""
+    executions_dir: Path | None = None
+    """A folder where each worker process records the rows it ran (chaos tests count
+    executions per request); relative paths are relative to the model's folder."""
 
 
 @dataclass(frozen=True)
@@ -316,6 +319,11 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
             seed=int(sim.get("seed", int, 0)),
             crash_value=(
                 float(sim.get("crash_value", (int, float))) if "crash_value" in sim.table else None
+            ),
+            executions_dir=(
+                model_dir / sim.get("executions_dir", str)
+                if "executions_dir" in sim.table
+                else None
             ),
         ),
         preprocess=_preprocess(f),

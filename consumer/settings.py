@@ -92,8 +92,8 @@ class WorkerSettings(ConnectionSettings):
         # Off for workers built in code (tests, embedding) so they never fight over a port; on
         # for a worker started from the command line, where an operator expects a scrape target.
         cli_default=DEFAULT_METRICS_PORT,
-        help="port of the worker's Prometheus /metrics (0: off); under `inferq up` off unless "
-        "given, and worker i gets this port + i",
+        help="port of the worker's Prometheus /metrics (0: off); under `inferq up` worker i "
+        "(from 0) gets this port + i",
     )
     drain_timeout_s: float = option(
         30.0,

@@ -46,6 +46,7 @@ from protocol.control import VersionPolicy
 from protocol.jobs import TRANSITION_SCRIPT
 from protocol.keys import Keys, hash_tag
 from protocol.registry import WorkerInfo
+from runtime import tracing
 from runtime.cluster import GatedCluster, node_options
 from runtime.connections import RedisClock, blocking_client, command_client, redact, resolve
 from runtime.eviction import EvictionCheck
@@ -70,6 +71,7 @@ class Worker:
         self.keys = Keys(settings.namespace)
         self.stats = WorkerStats()
         self.metrics = WorkerMetrics()
+        self.tracer = tracing.current()
         self.clock = RedisClock()
         self.slots = ModelSlots()
         self.ledger = Ledger()
@@ -284,6 +286,7 @@ class Worker:
             job_events=self.keys.job_events,
             transition=self._transition,
             backoff=self.loops.backoff("writer"),
+            tracer=self.tracer,
         )
         self._reader = Reader(
             consumer=self.id,
@@ -345,6 +348,7 @@ class Worker:
             metrics=self.metrics,
             stats=self.stats,
             backoff=self.loops.backoff(f"dispatch-{slot.model.name}"),
+            tracer=self.tracer,
         )
 
     def _start_loops(self) -> None:
@@ -363,6 +367,9 @@ class Worker:
         """Stop reading, finish queued and running batches (up to the drain timeout), publish
         their results, withdraw, close."""
         log.info("worker stopping", worker=self.id)
+        if self._reader is not None:
+            # A blocking read in flight may already have been handed entries: take them.
+            await self._reader.finish(self.settings.block_ms / 1000 + 1.0)
         await self.loops.cancel(["reader"])
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drain(), self.settings.drain_timeout_s)

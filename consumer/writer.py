@@ -42,6 +42,7 @@ from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.cluster import queue_script
 from runtime.faults import RETRYABLE, TRANSIENT, Fault, classify
+from runtime.tracing import Tracer
 
 log = structlog.get_logger("inferq.worker")
 
@@ -70,6 +71,7 @@ class ResultWriter:
         transition: AsyncScript | None = None,
         metrics: WorkerMetrics | None = None,
         backoff: Backoff | None = None,
+        tracer: Tracer | None = None,
         ack_delay_s: float = 0.01,
     ) -> None:
         self._redis = redis
@@ -78,6 +80,7 @@ class ResultWriter:
         self._transition = transition
         self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
         self._metrics = metrics
+        self._tracer = tracer if tracer is not None and tracer.enabled else None
         self._backoff = backoff or Backoff("writer", log)
         self._queue: list[_Write] = []
         self._unacked: list[Entry] = []
@@ -237,6 +240,8 @@ class ResultWriter:
                 self._unacked.append(out.entry)
                 if self._metrics is not None and out.finished_at:
                     self._metrics.observe_reply(out.model, now - out.finished_at)
+                if self._tracer is not None and out.finished_at:
+                    self._tracer.result_written(out.traceparent, out.finished_at, now)
             elif write.permanent_failures >= MAX_PERMANENT_TRIES:
                 log.error(
                     "giving up on storing a result; the entry stays pending for another worker "

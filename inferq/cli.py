@@ -12,12 +12,14 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import inferq
 from consumer.settings import WorkerSettings
+from inferq.gateways import FleetSettings
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
 from runtime.loops import EXIT_LOOP_FAILED
@@ -43,11 +45,7 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="All-in-one local run. Uses the Redis at --redis if one "
         "answers, else starts a private redis-server on a free port.",
     )
-    add_flags(up, environ, GatewaySettings, WorkerSettings, UpSettings)
-    # Several local workers (and several `inferq up`s) on one machine would fight over one
-    # metrics port: under `up` the workers' metrics are off unless a port is asked for.
-    if "INFERQ_METRICS_PORT" not in environ:
-        up.set_defaults(metrics_port=0)
+    add_flags(up, environ, GatewaySettings, WorkerSettings, UpSettings, FleetSettings)
 
     gw = sub.add_parser(
         "gateway",
@@ -55,7 +53,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         description="Serve the Open Inference Protocol over HTTP, queueing "
         "requests on Redis Streams.",
     )
-    add_flags(gw, environ, GatewaySettings)
+    add_flags(gw, environ, GatewaySettings, FleetSettings)
+    # Internal: a gateway process that `inferq up` or `inferq gateway --gateways N` started
+    # serves the listening socket it inherited instead of binding one.
+    gw.add_argument("--listen-fd", type=int, default=None, help=argparse.SUPPRESS)
 
     wk = sub.add_parser(
         "worker",
@@ -76,7 +77,19 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     return parser
 
 
-def run_gateway(args: argparse.Namespace) -> int:
+def _start_tracing(command: str, environ: Mapping[str, str]) -> bool:
+    """Tracing as the ``OTEL_*`` variables say (off unless they name an exporter)."""
+    from runtime import tracing
+
+    try:
+        tracing.configure(environ, service=f"inferq-{command}")
+    except tracing.TracingError as e:
+        print(f"inferq {command}: {e}", file=sys.stderr)
+        return False
+    return True
+
+
+def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     import uvicorn
 
     from producer.app import create_app
@@ -85,6 +98,12 @@ def run_gateway(args: argparse.Namespace) -> int:
     from runtime.logging import configure
 
     configure(args.log_level)
+    if args.gateways > 1 and args.listen_fd is None:
+        from inferq.gateways import run_gateways
+
+        return run_gateways(args)  # the gateways it starts set up tracing, each for itself
+    if not _start_tracing("gateway", environ):
+        return EXIT_USAGE
     settings: GatewaySettings = from_args(GatewaySettings, args)
     app = create_app(settings)
     server = uvicorn.Server(server_config(app, settings))
@@ -94,22 +113,29 @@ def run_gateway(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
-    server.run()
+    if args.listen_fd is None:
+        server.run()
+    else:
+        # A socket inherited from `inferq up` or `inferq gateway --gateways N`; its family and
+        # type are read from the descriptor (IPv4 or IPv6, as it was bound).
+        server.run(sockets=[socket.socket(fileno=args.listen_fd)])
     if gateway.failure is not None:
         print(
             f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
             file=sys.stderr,
         )
         return EXIT_LOOP_FAILED
-    return EXIT_OK
+    return EXIT_OK if server.started else EXIT_FAILED
 
 
-def run_worker(args: argparse.Namespace) -> int:
+def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
     from consumer.repository import RepositoryError
     from consumer.worker import LoopCrashed, MetricsPortError, Worker
     from runtime.logging import configure
 
     configure(args.log_level)
+    if not _start_tracing("worker", environ):
+        return EXIT_USAGE
     settings: WorkerSettings = from_args(WorkerSettings, args)
     worker = Worker(settings)
 
@@ -152,9 +178,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     environ = os.environ if environ is None else environ
     args = build_parser(environ).parse_args(argv)
     if args.command == "gateway":
-        return run_gateway(args)
+        return run_gateway(args, environ)
     if args.command == "worker":
-        return run_worker(args)
+        return run_worker(args, environ)
     if args.command == "dlq":
         from inferq import dlq
 

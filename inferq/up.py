@@ -1,18 +1,23 @@
-"""``inferq up``: Redis (found or started), one gateway and N workers on this machine.
+"""``inferq up``: Redis (found or started), N gateways and N workers on this machine, supervised.
 
-Children are started with the parent-death signal set (Linux), so even a ``kill -9`` of
-``inferq up`` leaves no orphans; Ctrl-C or SIGTERM stops them in order: workers drain first, then
-the gateway, then a private Redis.
+``inferq up`` is the supervisor of what it starts (``inferq/supervisor.py``): a worker or gateway
+that exits without being asked to is replaced at once, with backoff while it keeps crashing, and
+each restart is logged and counted. Children are started with the parent-death signal set
+(Linux), so even a ``kill -9`` of ``inferq up`` leaves no orphans. Only Ctrl-C or SIGTERM stops
+the stack, in order: workers drain first, then the gateways, then a private Redis. A second
+Ctrl-C kills what is still running.
+
+Worker ``i`` keeps one consumer name across restarts, so its replacement finds the entries it
+held in its own pending list and runs them at once (no wait for ``--claim-idle-ms``).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import signal
-import subprocess
+import secrets
+import socket
 import sys
 import threading
 import time
@@ -22,48 +27,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from consumer.settings import WorkerSettings
+from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
+from inferq.gateways import ListenError, bind_listeners, gateway_specs
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
-from producer.settings import GatewaySettings
+from inferq.supervisor import ChildSpec, EventLog, StopSignals, Supervisor, spawn_inferq, supervise
 from runtime.argtypes import positive_int
 from runtime.connections import redact
+from runtime.logging import configure
 from runtime.options import forward_argv, option
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 READY_TIMEOUT_S = 60.0
 
-
-def _die_with_parent() -> None:
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _spawn(argv: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    # Each worker must have its own consumer name: never hand them a shared INFERQ_WORKER_ID.
-    env = {k: v for k, v in os.environ.items() if k != "INFERQ_WORKER_ID"}
-    env.update(extra_env or {})
-    return subprocess.Popen(
-        [sys.executable, "-m", "inferq", *argv],
-        preexec_fn=_die_with_parent,
-        # Own process group: a terminal's Ctrl-C reaches only `inferq up`, which then stops
-        # the children in order instead of all at once.
-        process_group=0,
-        env=env,
-    )
+log = structlog.get_logger("inferq.up")
 
 
 @dataclass(frozen=True)
 class UpSettings:
-    """The options of ``inferq up`` itself (it also takes every gateway and worker option)."""
+    """The options of ``inferq up`` itself (it also takes every gateway and worker option, and
+    ``--gateways``)."""
 
     workers: int = option(
         1,
         flag="--workers",
         env="INFERQ_WORKERS",
         parse=positive_int,
-        help="worker processes to start",
+        help="worker processes to start, each restarted if it exits",
     )
 
 
@@ -73,18 +66,25 @@ def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> li
     return ["worker", *argv]
 
 
-def _gateway_argv(args: argparse.Namespace, redis_url: str) -> tuple[list[str], dict[str, str]]:
-    """The gateway's command line, and the secrets it gets in its environment instead (the
-    process list shows every user of the host the command line)."""
-    argv, env = forward_argv(args, [GatewaySettings], redis=redis_url)
-    return ["gateway", *argv], env
+def _worker_specs(args: argparse.Namespace, redis_url: str) -> list[ChildSpec]:
+    prefix = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+    return [
+        ChildSpec(
+            name=f"worker {i}",
+            role="worker",
+            # Not forwarded from up's own flags (--worker-id is not for sharing): one name per
+            # slot, kept across restarts, so a replacement runs what its predecessor held.
+            argv=(*_worker_argv(args, redis_url, i), "--worker-id", f"{prefix}-{i}"),
+        )
+        for i in range(args.workers)
+    ]
 
 
-def _wait_ready(url: str, processes: list[subprocess.Popen[bytes]], stop: threading.Event) -> bool:
+def _wait_ready(url: str, supervisor: Supervisor, stop: threading.Event) -> bool:
+    """Until the gateway answers ready, restarting children that exit meanwhile."""
     deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline and not stop.is_set():
-        if any(p.poll() is not None for p in processes):
-            return False
+    while time.monotonic() < deadline and not stop.is_set() and supervisor.failure is None:
+        supervisor.tick()
         try:
             with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
                 if r.status == 200:
@@ -119,85 +119,86 @@ def example_curl(url: str, repository: Path) -> str:
     )
 
 
-def _stop_all(processes: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
-    for p in processes:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for p in processes:
-        try:
-            p.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+def _start_redis(args: argparse.Namespace) -> tuple[str, RedisServer | None]:
+    """The Redis to use: ``--redis`` if it answers, else a private redis-server."""
+    if answers(args.redis_url):
+        print(f"inferq up: using the Redis at {redact(args.redis_url)}", flush=True)
+        return args.redis_url, None
+    try:
+        server = RedisServer().start()
+    except RedisServerError as e:
+        print(f"inferq up: no Redis answers at {redact(args.redis_url)} and {e}", file=sys.stderr)
+        if "PATH" not in str(e):
+            print(f"inferq up: {INSTALL_HINT}", file=sys.stderr)
+        raise
+    print(f"inferq up: started a private redis-server at {server.url}", flush=True)
+    return server.url, server
+
+
+def _restart_summary(restarts: dict[str, int]) -> str:
+    total = sum(restarts.values())
+    if not total:
+        return "no restarts"
+    each = ", ".join(f"{name}: {n}" for name, n in restarts.items() if n)
+    return f"{total} restart(s) ({each})"
 
 
 def run_up(args: argparse.Namespace) -> int:
-    stop = threading.Event()
-    signals = 0
-
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal signals
-        signals += 1
-        stop.set()
-        if signals > 1:
-            raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    configure(args.log_level)
+    signals = StopSignals()
     server: RedisServer | None = None
-    workers: list[subprocess.Popen[bytes]] = []
-    gateway: subprocess.Popen[bytes] | None = None
-    redis_url = args.redis_url
-    try:
-        if not answers(redis_url):
+    listeners: list[socket.socket] = []
+    supervisor: Supervisor | None = None
+    with signals.installed():
+        try:
             try:
-                server = RedisServer().start()
-            except RedisServerError as e:
-                print(
-                    f"inferq up: no Redis answers at {redact(redis_url)} and {e}", file=sys.stderr
-                )
-                if "PATH" not in str(e):
-                    print(f"inferq up: {INSTALL_HINT}", file=sys.stderr)
+                redis_url, server = _start_redis(args)
+            except RedisServerError:
                 return EXIT_FAILED
-            redis_url = server.url
-            print(f"inferq up: started a private redis-server at {redis_url}", flush=True)
-        else:
-            print(f"inferq up: using the Redis at {redact(redis_url)}", flush=True)
-        workers = [_spawn(_worker_argv(args, redis_url, i)) for i in range(args.workers)]
-        gateway = _spawn(*_gateway_argv(args, redis_url))
-        host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-        url = f"http://{host}:{args.port}"
-        if not _wait_ready(url, [gateway, *workers], stop):
-            if not stop.is_set():
+            try:
+                listeners = bind_listeners(args.host, args.port, args.gateways)
+            except ListenError as e:
+                print(f"inferq up: {e}", file=sys.stderr)
+                return EXIT_FAILED
+            supervisor = Supervisor(
+                [*_worker_specs(args, redis_url), *gateway_specs(args, redis_url, listeners)],
+                spawn=spawn_inferq,
+                on_event=EventLog(log),
+            )
+            supervisor.start()
+            host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+            url = f"http://{host}:{args.port}"
+            if not _wait_ready(url, supervisor, signals.stop):
+                if signals.stop.is_set():
+                    return EXIT_OK
                 print(
-                    "inferq up: the service did not become ready; see the messages above",
-                    file=sys.stderr,
-                )
-            return EXIT_FAILED if not stop.is_set() else EXIT_OK
-        grpc = f" and gRPC at {host}:{args.grpc_port}" if args.grpc_port else ""
-        print(
-            f"\ninferq is serving at {url}{grpc} with {args.workers} worker(s). Try:\n\n"
-            f"  {example_curl(url, args.model_repository)}\n\nCtrl-C stops everything.\n",
-            flush=True,
-        )
-        while not stop.is_set():
-            exited = [p for p in [gateway, *workers] if p.poll() is not None]
-            if exited:
-                print(
-                    f"inferq up: a process exited (code {exited[0].returncode}); stopping",
+                    f"inferq up: {supervisor.failure or 'the service did not become ready'}; "
+                    "see the messages above",
                     file=sys.stderr,
                 )
                 return EXIT_FAILED
-            stop.wait(0.5)
-        return EXIT_OK
-    except KeyboardInterrupt:
-        return EXIT_FAILED
-    finally:
-        # Workers first so they drain into a gateway that still listens for their replies.
-        _stop_all(workers, args.drain_timeout_s + 5)
-        if gateway is not None:
-            _stop_all([gateway], 15)
-        if server is not None:
-            server.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+            grpc = f" and gRPC at {host}:{args.grpc_port}" if args.grpc_port else ""
+            print(
+                f"\ninferq is serving at {url}{grpc} with {args.workers} worker(s) and "
+                f"{args.gateways} gateway(s). Try:\n\n"
+                f"  {example_curl(url, args.model_repository)}\n\n"
+                "Ctrl-C stops everything; a process that exits is restarted.\n",
+                flush=True,
+            )
+            supervise(supervisor, signals.stop)
+            if supervisor.failure is not None:
+                print(f"inferq up: {supervisor.failure}; stopping", file=sys.stderr)
+                return EXIT_FAILED
+            return EXIT_OK
+        finally:
+            if supervisor is not None:
+                # Workers first, so they drain into gateways that still listen for replies.
+                supervisor.stop(
+                    [("worker", args.drain_timeout_s + 5), ("gateway", GATEWAY_STOP_TIMEOUT_S)],
+                    force=signals.force,
+                )
+                print(f"inferq up: stopped; {_restart_summary(supervisor.restarts)}", flush=True)
+            for sock in listeners:
+                sock.close()
+            if server is not None:
+                server.stop()

@@ -33,15 +33,16 @@ from producer.errors import (
 )
 from producer.gateway import Gateway
 from producer.inflight import BodyHold
-from producer.instrument import RequestMetrics
+from producer.instrument import RequestMetrics, RequestTracing
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
 from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
-from producer.tracing import traceparent
+from producer.traceparent import traceparent
 from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
+from runtime.tracing import REQUEST_TRACE, Tracer
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -56,6 +57,11 @@ def _gateway(request: Request) -> Gateway:
 
 
 def _traceparent(request: Request) -> str:
+    """The caller's W3C trace context, or a new one, so logs on every hop join up. Traced,
+    it is the request's server span (a child of the caller's)."""
+    traced = REQUEST_TRACE.get().traceparent
+    if traced is not None:
+        return traced
     return traceparent(request.headers.get("traceparent"))
 
 
@@ -263,14 +269,15 @@ async def infer(request: Request) -> Response:
             disconnected=functools.partial(_disconnect, request.receive),
         )
         result = outcome.result
-        body, json_length = encode_infer_response(
-            client_id=outcome.body.client_id,
-            model_name=result.model,
-            model_version=result.version,
-            outputs=result.outputs,
-            binary_outputs=outcome.body.binary_outputs,
-            binary_all=outcome.body.binary_all,
-        )
+        with REQUEST_TRACE.get().span("encode response"):
+            body, json_length = encode_infer_response(
+                client_id=outcome.body.client_id,
+                model_name=result.model,
+                model_version=result.version,
+                outputs=result.outputs,
+                binary_outputs=outcome.body.binary_outputs,
+                binary_all=outcome.body.binary_all,
+            )
     headers = {
         "traceparent": call.traceparent,
         "x-inferq-cache": "hit" if outcome.cached else "miss",
@@ -399,20 +406,40 @@ async def internal_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"error": INTERNAL_MESSAGE}, status_code=500)
 
 
-def routes() -> list[Route]:
+def routes(tracer: Tracer | None = None) -> list[Route]:
     """The HTTP surface, each path once: Starlette routes it, :mod:`producer.instrument` labels
     its metrics by the route's name, and :func:`producer.openapi.document` describes it from the
     route's :class:`~producer.openapi.Operation`."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
+
+    def traced(endpoint: str) -> list[Middleware] | None:
+        """With a tracer, the inference routes open each request's trace (nothing else is
+        traced: health checks, scrapes and polls would only add noise)."""
+        if tracer is None:
+            return None
+        return [Middleware(RequestTracing, tracer=tracer, endpoint=endpoint)]
+
     per_model: list[Route] = []
     for base in (model, versioned):
         per_model += [
             ApiRoute(base, model_metadata, api.MODEL_METADATA, name="model_metadata"),
             ApiRoute(base + "/ready", model_ready, api.MODEL_READY, name="model_ready"),
-            ApiRoute(base + "/infer", infer, api.INFER, name="infer", methods=["POST"]),
             ApiRoute(
-                base + "/jobs", submit_job, api.SUBMIT_JOB, name="job_submit", methods=["POST"]
+                base + "/infer",
+                infer,
+                api.INFER,
+                name="infer",
+                methods=["POST"],
+                middleware=traced("infer"),
+            ),
+            ApiRoute(
+                base + "/jobs",
+                submit_job,
+                api.SUBMIT_JOB,
+                name="job_submit",
+                methods=["POST"],
+                middleware=traced("job_submit"),
             ),
         ]
     repository = "/v2/repository"
@@ -470,11 +497,14 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 await grpc_server.stop()
             await gateway.stop()
 
-    table = routes()
+    traced = gateway.tracer if gateway.tracer.enabled else None
+    table = routes(traced)
     app = Starlette(
         routes=table,
         lifespan=lifespan,
-        middleware=[Middleware(RequestMetrics, gateway=gateway, routes=table)],
+        middleware=[
+            Middleware(RequestMetrics, gateway=gateway, routes=table, exemplars=bool(traced))
+        ],
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,

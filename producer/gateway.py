@@ -28,6 +28,7 @@ from producer.replies import ReplyListener
 from producer.service import InferenceService
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
+from runtime import tracing
 from runtime.aio import cancelling
 from runtime.connections import RedisClock, blocking_client, command_client, redact, resolve
 from runtime.eviction import EvictionCheck
@@ -46,6 +47,7 @@ class Gateway:
         self.keys = Keys(settings.namespace)
         self.clock = RedisClock()
         self.metrics = GatewayMetrics()
+        self.tracer = tracing.current()
         self.loops = Loops(log, on_fatal=self._fatal)
         self.eviction = EvictionCheck(log, self.metrics.runtime.set_policy)
         self.failure: str | None = None

@@ -35,9 +35,10 @@ from producer.errors import (
 from producer.grpc_codec import decode_infer_request, encode_infer_response, parameter_values
 from producer.instrument import known_labels
 from producer.routing import ROUTED_VERSION
-from producer.tracing import traceparent
+from producer.traceparent import traceparent
 from protocol.grpc import inferq_v2_pb2 as pb
 from protocol.grpc.status import grpc_code
+from runtime.tracing import NO_REQUEST, REQUEST_TRACE
 
 if TYPE_CHECKING:
     from producer.admin import ModelAdmin
@@ -194,27 +195,46 @@ class InferenceServicer:
         metadata = _metadata(context)
         parameters = _with_deadline(parameter_values(request.parameters), context)
         service = self.gateway.service
-        # The message is in memory already (gRPC refused it past --max-body-bytes): hold its
-        # bytes against --max-inflight-bytes, as HTTP holds a body's, until the answer.
-        with service.hold_body() as hold:
-            hold.grow_to(size)
-            # A call the client cancels cancels this task: the service abandons the request
-            # (stops waiting, marks it so a worker that has not started it drops it).
-            outcome = await service.infer_decoded(
-                request.model_name,
-                request.model_version or None,
-                lambda meta: decode_infer_request(request, meta, parameters),
-                no_cache=_no_cache(metadata.get("cache-control", "")),
-                traceparent=traceparent(metadata.get("traceparent")),
+        trace = NO_REQUEST
+        if self.gateway.tracer.enabled:  # the call's server span, as HTTP's RequestTracing
+            trace = self.gateway.tracer.request(
+                "grpc ModelInfer",
+                metadata.get("traceparent"),
+                {"rpc.system": "grpc", "inferq.model": request.model_name},
             )
-        result = outcome.result
-        return encode_infer_response(
-            client_id=outcome.body.client_id,
-            model_name=result.model,
-            model_version=result.version,
-            outputs=result.outputs,
-            typed=not request.raw_input_contents,
-        )
+        token = REQUEST_TRACE.set(trace)
+        status = 500
+        try:
+            # The message is in memory already (gRPC refused it past --max-body-bytes): hold
+            # its bytes against --max-inflight-bytes, as HTTP holds a body's, until the answer.
+            with service.hold_body() as hold:
+                hold.grow_to(size)
+                # A call the client cancels cancels this task: the service abandons the request
+                # (stops waiting, marks it so a worker that has not started it drops it).
+                outcome = await service.infer_decoded(
+                    request.model_name,
+                    request.model_version or None,
+                    lambda meta: decode_infer_request(request, meta, parameters),
+                    no_cache=_no_cache(metadata.get("cache-control", "")),
+                    traceparent=trace.traceparent or traceparent(metadata.get("traceparent")),
+                )
+            result = outcome.result
+            with trace.span("encode response"):
+                answer = encode_infer_response(
+                    client_id=outcome.body.client_id,
+                    model_name=result.model,
+                    model_version=result.version,
+                    outputs=result.outputs,
+                    typed=not request.raw_input_contents,
+                )
+            status = 200
+            return answer
+        except GatewayError as e:
+            status = e.status  # the HTTP status of the same error: 4xx is not a server error
+            raise
+        finally:
+            REQUEST_TRACE.reset(token)
+            trace.end(status)
 
     # -- model repository (Triton's extension) ---------------------------------------------
 

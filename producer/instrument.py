@@ -1,4 +1,5 @@
-"""ASGI middleware that counts and times every HTTP request, errors included.
+"""ASGI middleware that counts and times every HTTP request, errors included, and (only when
+tracing is on) opens the trace of each inference request.
 
 Exception handlers turn errors into responses below this layer, so one place sees every status.
 The endpoint label is the name of the route Starlette matched (the route table in
@@ -18,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from producer.metrics import ENDPOINTS
 from producer.routing import ROUTED_VERSION
+from runtime.tracing import REQUEST_TRACE, RequestTrace, Tracer
 
 if TYPE_CHECKING:
     from producer.gateway import Gateway
@@ -57,11 +59,72 @@ def known_labels(
     return model, version
 
 
+TRACE_KEY = "inferq.trace"
+"""Where ``RequestTracing`` leaves the request's trace in the ASGI scope, for the exemplar."""
+
+
+def _header(scope: Scope, wanted: bytes) -> str | None:
+    for name, value in scope["headers"]:
+        if name == wanted:
+            return str(value.decode("latin-1"))
+    return None
+
+
+class RequestTracing:
+    """Route middleware of the inference routes (only when tracing is on): starts the
+    request's server span, a child of the caller's ``traceparent``, and makes it the
+    ``REQUEST_TRACE`` of the handlers below. It wraps the route with its exception handlers, so
+    the span ends with the status the client gets."""
+
+    def __init__(self, app: ASGIApp, tracer: Tracer, endpoint: str) -> None:
+        self.app = app
+        self.tracer = tracer
+        self.endpoint = endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        params = scope.get("path_params", {})
+        attributes = {
+            "http.request.method": scope["method"],
+            "url.path": scope["path"],
+            "inferq.endpoint": self.endpoint,
+            "inferq.model": params.get("model", ""),
+        }
+        if "version" in params:
+            attributes["inferq.version"] = params["version"]
+        trace = self.tracer.request(
+            f"{scope['method']} {self.endpoint}", _header(scope, b"traceparent"), attributes
+        )
+        scope[TRACE_KEY] = trace
+        status = 500
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        token = REQUEST_TRACE.set(trace)
+        try:
+            await self.app(scope, receive, send_and_watch)
+        finally:
+            REQUEST_TRACE.reset(token)
+            trace.end(status)
+
+
 class RequestMetrics:
-    def __init__(self, app: ASGIApp, gateway: Gateway, routes: Iterable[BaseRoute]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        gateway: Gateway,
+        routes: Iterable[BaseRoute],
+        *,
+        exemplars: bool = False,
+    ) -> None:
         self.app = app
         self.gateway = gateway
         self.names = endpoint_names(routes)
+        self.exemplars = exemplars
+        """Tracing is on: label latency observations of sampled requests with their trace id."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -91,6 +154,10 @@ class RequestMetrics:
             for name, value in scope["headers"]:
                 if name == b"content-length" and value.isdigit():
                     body_bytes = int(value)
+        exemplar = None
+        if self.exemplars:
+            trace: RequestTrace | None = scope.get(TRACE_KEY)
+            exemplar = trace.exemplar() if trace is not None else None
         self.gateway.metrics.observe_request(
-            model, version, endpoint, status, seconds, body_bytes=body_bytes
+            model, version, endpoint, status, seconds, body_bytes=body_bytes, exemplar=exemplar
         )

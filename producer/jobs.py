@@ -57,6 +57,7 @@ from protocol.keys import JOB_EVENTS_MAXLEN, Lane, idempotency_tag_bytes
 from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
 from runtime.cluster import queue_script
 from runtime.faults import RETRYABLE
+from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -144,6 +145,9 @@ class JobService:
             random = tag + random[len(tag) :]
         job_id = new_job_id(self.clock.now_ms(), random)
         ttl_ms = self.settings.job_ttl_s * 1000
+        trace = REQUEST_TRACE.get()
+        trace.since_start("receive and validate")
+        enqueue = trace.start("enqueue")  # the worker's spans of this job join it
         now = self.clock.now_ms()
         record = JobRecord(
             id=job_id,
@@ -169,7 +173,7 @@ class JobService:
             kind=Kind.JOB,
             priority=sched.priority,
             client_id=body.client_id,
-            traceparent=traceparent,
+            traceparent=enqueue.propagate(traceparent),
         )
         idem = self.keys.idempotency(name, idempotency_key) if idempotency_key else None
         value = idempotency_value(job_id, request_digest(asked, body)) if idem else ""
@@ -187,6 +191,8 @@ class JobService:
                 raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
         except RETRYABLE as e:
             raise redis_unavailable(e, "queue the job") from e
+        finally:
+            enqueue.end()
         self.registry.note_queued(name)
         log.info(
             "job queued",

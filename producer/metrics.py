@@ -227,8 +227,11 @@ class GatewayMetrics:
         *,
         body_bytes: int | None = None,
         protocol: str = "http",
+        exemplar: dict[str, str] | None = None,
     ) -> None:
-        """One answered request (any status); ``protocol`` is ``http`` or ``grpc``."""
+        """One answered request (any status); ``protocol`` is ``http`` or ``grpc``.
+        ``exemplar`` (a sampled request's trace id) labels its duration observation, shown in
+        the OpenMetrics exposition."""
         key = (model, version, endpoint, status, protocol)
         children = self._request_children.get(key)
         if children is None:
@@ -244,7 +247,7 @@ class GatewayMetrics:
             )
         count, duration, body = children
         count.inc()
-        duration.observe(seconds)
+        duration.observe(seconds, exemplar)
         if body_bytes is not None:
             body.observe(body_bytes)
 

@@ -12,10 +12,11 @@ answer 5xx or hang.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route
 
 import runtime
@@ -196,8 +197,9 @@ class ApiRoute(Route):
         *,
         name: str,
         methods: list[str] | None = None,
+        middleware: Sequence[Middleware] | None = None,
     ) -> None:
-        super().__init__(path, endpoint, methods=methods, name=name)
+        super().__init__(path, endpoint, methods=methods, name=name, middleware=middleware)
         self.operation = operation
 
 

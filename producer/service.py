@@ -59,6 +59,7 @@ from protocol.messages import FIELD, InferRequest, InferResult, Status
 from protocol.registry import ModelMetadata
 from runtime.connections import RedisClock
 from runtime.faults import RETRYABLE
+from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -210,11 +211,13 @@ class InferenceService:
         known: ``decode(metadata)`` returns the body or raises BadRequest. Every transport ends
         here, so validation, cache, admission, routing and priority are the same for all."""
         started = time.monotonic()
+        trace = REQUEST_TRACE.get()
         entry, version = await self.model(name, version)
         ROUTED_VERSION.set(version)
         meta = entry.metadata
         body = decode(meta)
         sched = self.schedule(meta, body, no_cache=no_cache)
+        trace.since_start("receive and validate")
         if entry.workers == 0:
             self.metrics.observe_rejected(name, "no_workers")
             raise ServiceUnavailable(
@@ -228,7 +231,8 @@ class InferenceService:
             else None
         )
         if cache_key is not None:
-            cached = await self._redis("GET", cache_key, model=name)
+            with trace.span("cache lookup"):
+                cached = await self._redis("GET", cache_key, model=name)
             self.metrics.observe_cache(name, hit=cached is not None)
             if cached is not None:
                 try:
@@ -239,6 +243,7 @@ class InferenceService:
         self._admit(name, entry.workers, meta.max_batch, lane, sched.timeout_ms / 1000)
         request_id = f"{self._id_prefix}{next(self._ids):x}"
         now_ms = self.clock.now_ms()
+        queued = trace.start("queue wait")  # enqueue to reply; the worker's spans join it
         request = InferRequest(
             id=request_id,
             model=name,
@@ -252,7 +257,7 @@ class InferenceService:
             reply_to=self.replies.key,
             priority=sched.priority,
             client_id=body.client_id,
-            traceparent=traceparent,
+            traceparent=queued.propagate(traceparent),
         )
         future = self.replies.expect(request_id)
         self._in_flight[request_id] = InFlight(name, request.deadline_ms, future)
@@ -294,6 +299,7 @@ class InferenceService:
                 if watcher is not None:
                     watcher.cancel()
             self._in_flight.pop(request_id, None)
+            queued.end()
             self.replies.forget(request_id)
             self.waiting[name] -= 1
         self._observe(name, result)

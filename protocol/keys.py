@@ -207,6 +207,11 @@ class Keys:
     def replies(self, gateway_id: str) -> str:
         return f"{self.namespace}:replies:{{{gateway_id}}}"
 
+    @property
+    def replies_pattern(self) -> str:
+        """A SCAN pattern matching every gateway's reply stream."""
+        return _glob_escape(f"{self.namespace}:replies:{{") + "*"
+
     def result(self, request_id: str) -> str:
         return f"{self.namespace}:result:{request_id}"
 

@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import numpy as np
+import pytest
 import uvicorn
 
 from consumer.settings import WorkerSettings
@@ -31,15 +33,27 @@ from runtime.connections import RedisSettings
 START_TIMEOUT_S = 20.0
 
 
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Poll a condition until it holds; fail the test with ``what`` if it never does."""
+def missing(what: str, *, module: bool = False) -> NoReturn:
+    """A tool or package a test needs is absent: skip with the reason here, but fail in CI
+    (``CI=true``), where `make test` installs everything, so a broken install cannot turn
+    checks into silent skips."""
+    if os.environ.get("CI", "").strip().lower() in ("true", "1"):
+        pytest.fail(f"{what} is missing in CI; `make test` should have installed it")
+    pytest.skip(f"{what} is not installed", allow_module_level=module)
+
+
+def wait_until(
+    condition: Callable[[], bool], timeout_s: float = 10.0, what: str = "", poll_s: float = 0.005
+) -> None:
+    """Poll a condition until it holds; fail the test with ``what`` if it never does.
+    ``poll_s``: longer for conditions that cost a server real work (a Prometheus query)."""
     deadline = time.monotonic() + timeout_s
     while not condition():
         if time.monotonic() > deadline:
             raise AssertionError(
                 f"timed out after {timeout_s} s waiting for {what or condition}"
             ) from None
-        time.sleep(0.005)
+        time.sleep(poll_s)
 
 
 async def until(condition: Callable[[], object], timeout_s: float = 10.0, what: str = "") -> None:
@@ -66,9 +80,12 @@ def write_simulated_model(
     cache: bool = False,
     failure_rate: float = 0.0,
     partitions: int = 1,
-    crash_value: float | None = None,
+    executions_dir: Path | None = None,
 ) -> None:
+    """A simulated model (``consumer/backends/simulated.py``): input ``x`` [-1, 4], output
+    ``sum`` [-1, 1], each row's sum. ``executions_dir`` records every row it runs."""
     folder = repo / name
+    record = f"executions_dir = {json.dumps(str(executions_dir))}\n" if executions_dir else ""
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "config.toml").write_text(
         f"""backend = "simulated"
@@ -84,8 +101,7 @@ enabled = {"true" if cache else "false"}
 base_ms = {base_ms}
 per_row_ms = {per_row_ms}
 failure_rate = {failure_rate}
-{"" if crash_value is None else f"crash_value = {crash_value}"}
-
+{record}
 [[inputs]]
 name = "x"
 datatype = "FP32"

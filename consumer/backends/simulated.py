@@ -10,6 +10,9 @@ Each output row is filled with the sum of the first input's row (as float), so t
 that results are split back to the right requests. ``failure_rate`` makes a call raise;
 ``crash_value`` makes the whole worker process exit at once (like a segfault in a native
 library) when any input element equals it, so the chaos tests can model a poison input.
+``executions_dir`` makes every call append the first element of each row it ran to a file of
+its own process in that folder (``{pid}.rows``), once the call has finished: the chaos tests
+count from it how often each request really ran, across processes and crashes.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class SimulatedBackend:
         if self.config.inputs[0].datatype == "BYTES":
             raise BackendError(f"model '{self.config.name}': simulated models need numeric inputs")
         time.sleep(self.config.simulated.load_ms / 1000)
+        if self.config.simulated.executions_dir is not None:
+            self.config.simulated.executions_dir.mkdir(parents=True, exist_ok=True)
 
     def latency_s(self, rows: int) -> float:
         sim = self.config.simulated
@@ -57,6 +62,7 @@ class SimulatedBackend:
         time.sleep(delay)
         if fail:
             raise BackendError(f"model '{self.config.name}': simulated failure")
+        self._record(first)
         sums = first.reshape(rows, -1).astype(np.float64).sum(axis=1)
         out: Arrays = {}
         for spec in self.config.outputs:
@@ -64,6 +70,19 @@ class SimulatedBackend:
             arr[...] = sums.reshape((rows,) + (1,) * (arr.ndim - 1)).astype(arr.dtype)
             out[spec.name] = arr
         return out
+
+    def _record(self, first: np.ndarray) -> None:
+        folder = self.config.simulated.executions_dir
+        if folder is None or first.size == 0:
+            return
+        rows = first.reshape(first.shape[0], -1)[:, 0]
+        text = "".join(f"{float(v)!r}\n" for v in rows).encode()
+        # One O_APPEND write per call: a process killed mid-call leaves no half-written line.
+        fd = os.open(folder / f"{os.getpid()}.rows", os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, text)
+        finally:
+            os.close(fd)
 
     def unload(self) -> None:
         pass

@@ -1,8 +1,8 @@
-"""Chaos with Redis itself: out of memory under load with jobs in flight, an evicting Redis, and
-a restart that loses every key. Each scenario counts, per request id, the 200s that carry the
-correct answer, the 429/503/504 refusals by kind, requests never answered (hung), and how often
-the workers executed each id; then asserts bounds on them. ``pytest -s`` prints one figure line
-per scenario, with measured values only.
+"""Chaos with Redis itself: out of memory under load with jobs in flight, an evicting Redis,
+and a restart that loses every key. Each scenario counts, per request id (``accounting.py``),
+the 200s that carry the correct answer, the 429/503/504 refusals by kind, requests never
+answered, and how often the workers executed each id; then asserts bounds on them.
+``pytest -s`` prints one figure line per scenario, with measured values only.
 
 Each scenario runs its own ``redis-server`` (its config is changed, or it is restarted) and an
 in-process gateway and workers (their per-id execution counts are read directly).
@@ -11,12 +11,10 @@ in-process gateway and workers (their per-id execution counts are read directly)
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,10 +23,14 @@ import pytest
 import redis
 
 from inferq.redisserver import RedisServer
-from loadgen.http import HTTPClientError, HTTPConnection
+from tests.chaos.accounting import Tally
+from tests.chaos.traffic import send
 from tests.support import Stack, WorkerThread, wait_until, write_simulated_model
 
 pytestmark = pytest.mark.integration
+
+TIMEOUT_US = 5_000_000
+"""Each request's deadline (the V2 ``timeout`` parameter) unless a scenario says otherwise."""
 
 
 @pytest.fixture(scope="module")
@@ -64,90 +66,9 @@ def redis_and_stack(
         server.stop()
 
 
-@dataclass
-class Count:
-    """Per request id: what the client got, and how often the workers ran it."""
-
-    sent: int = 0
-    status: dict[str, int] = field(default_factory=dict)
-    correct: set[str] = field(default_factory=set)
-    wrong: int = 0
-
-    def record(self, rid: str, status: int, ok: bool) -> None:
-        self.status[rid] = status
-        if status == 200:
-            if ok:
-                self.correct.add(rid)
-            else:
-                self.wrong += 1
-
-    def by_status(self) -> Counter[int]:
-        return Counter(self.status.values())
-
-    @property
-    def hung(self) -> int:
-        return self.sent - len(self.status)
-
-    def line(self, name: str, executions: Counter[str], **extra: object) -> str:
-        s = self.by_status()
-        twice = sum(1 for n in executions.values() if n > 1)
-        figures = " ".join(f"{k}={v}" for k, v in extra.items())
-        return (
-            f"chaos[{name}]: sent={self.sent} correct_200={len(self.correct)} "
-            f"refused_429={s[429]} unavailable_503={s[503]} deadline_504={s[504]} "
-            f"other={sum(n for code, n in s.items() if code not in (200, 429, 503, 504))} "
-            f"wrong={self.wrong} hung={self.hung} executed_twice={twice} {figures}"
-        ).strip()
-
-
 def executions(workers: list[WorkerThread]) -> Counter[str]:
     """How often each request id ran, over every worker (ids are unique per request)."""
     return Counter(rid for w in workers for rid in w.stats.executed)
-
-
-def body(i: int, timeout_us: int) -> bytes:
-    return json.dumps(
-        {
-            "id": f"req-{i}",
-            "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "data": [i] * 4}],
-            "parameters": {"timeout": timeout_us},
-        }
-    ).encode()
-
-
-async def load(
-    url: str,
-    n: int,
-    concurrency: int,
-    count: Count,
-    *,
-    timeout_us: int = 5_000_000,
-    on_progress: Callable[[Count], None] | None = None,
-    first: int = 0,
-) -> None:
-    """Send requests first..first+n-1, one try each; record every answer against its id."""
-    host, port = url.removeprefix("http://").split(":")
-    ids = iter(range(first, first + n))
-
-    async def lane() -> None:
-        async with HTTPConnection(host, int(port), timeout=30) as conn:
-            for i in ids:
-                count.sent += 1
-                try:
-                    r = await conn.request(
-                        "POST",
-                        "/v2/models/chaos/infer",
-                        body(i, timeout_us),
-                        {"content-type": "application/json"},
-                    )
-                except HTTPClientError:
-                    continue  # no answer at all: counted as hung
-                ok = r.status == 200 and r.json()["outputs"][0]["data"] == [4.0 * i]
-                count.record(f"req-{i}", r.status, ok)
-                if on_progress is not None:
-                    on_progress(count)
-
-    await asyncio.gather(*(lane() for _ in range(concurrency)))
 
 
 def submit_jobs(s: Stack, n: int) -> dict[str, int]:
@@ -193,13 +114,13 @@ def test_redis_out_of_memory_under_load_with_jobs_in_flight_loses_nothing_accept
     readiness says 503 while it lasts."""
     server, s = redis_and_stack(2)
     jobs = submit_jobs(s, 150)
-    count = Count()
+    count = Tally()
     events: dict[str, float] = {}
     ready_during: list[int] = []
     r = redis.Redis.from_url(server.url)
 
-    def oom_once(c: Count) -> None:
-        if "oom" not in events and len(c.status) >= 200:
+    def oom_once(c: Tally) -> None:
+        if "oom" not in events and c.completed >= 200:
             r.config_set("maxmemory", 1)
             events["oom"] = time.monotonic()
 
@@ -214,12 +135,13 @@ def test_redis_out_of_memory_under_load_with_jobs_in_flight_loses_nothing_accept
 
     lifter = threading.Thread(target=lift)
     lifter.start()
-    asyncio.run(load(s.url, 600, 16, count, on_progress=oom_once))
+    asyncio.run(send(s.url, "chaos", 600, 16, count, on_progress=oom_once, timeout=TIMEOUT_US))
     lifter.join()
-    after = Count()
-    asyncio.run(load(s.url, 200, 16, after, first=10_000))
+    after = Tally()
+    asyncio.run(send(s.url, "chaos", 200, 16, after, first=10_000, timeout=TIMEOUT_US))
     ends = final_jobs(s, jobs)
     runs = executions(s.workers)
+    count.count_executions(runs)
     refused = sum(
         w.worker.metrics.registry.get_sample_value(
             "inferq_worker_write_failures_total", {"model": "chaos", "reason": "oom"}
@@ -233,23 +155,22 @@ def test_redis_out_of_memory_under_load_with_jobs_in_flight_loses_nothing_accept
             "\n"
             + count.line(
                 "13 redis oom",
-                runs,
                 jobs=len(jobs),
                 jobs_correct=sum(1 for e in ends.values() if e == "correct"),
                 jobs_executed_twice=sum(1 for j in jobs if runs[j] > 1),
                 worker_writes_refused=int(refused),
                 oom_s=f"{events['lifted'] - events['oom']:.1f}",
                 after_sent=after.sent,
-                after_correct_200=len(after.correct),
+                after_correct_200=after.correct,
             )
         )
-    statuses = count.by_status()
-    assert count.hung == 0 and count.wrong == 0
+    statuses = count.statuses
+    assert count.unanswered == 0 and count.wrong == 0
     assert set(statuses) <= {200, 503}, statuses  # refused at once, or answered: never a 504
     assert statuses[503] > 0 and ready_during == [503]  # the spell did refuse requests
-    assert len(count.correct) == statuses[200] >= 200
+    assert count.correct == statuses[200] >= 200
     assert max(runs.values()) == 1  # nothing ran twice
-    assert len(after.correct) == after.sent == 200  # and service is back
+    assert after.correct == after.sent == 200  # and service is back
     assert list(ends.values()) == ["correct"] * len(jobs), Counter(ends.values())
     assert all(runs[j] == 1 for j in jobs)
 
@@ -279,9 +200,9 @@ def test_an_evicting_redis_under_memory_pressure_keeps_serving_and_recovers(
 
     filler = threading.Thread(target=fill)
     filler.start()
-    count = Count()
+    count = Tally()
     try:
-        asyncio.run(load(s.url, 600, 16, count, timeout_us=3_000_000))
+        asyncio.run(send(s.url, "chaos", 600, 16, count, timeout=3_000_000))
     finally:
         stop.set()
         filler.join()
@@ -289,14 +210,15 @@ def test_an_evicting_redis_under_memory_pressure_keeps_serving_and_recovers(
     for key in r.scan_iter(match="filler:*", count=1000):
         r.delete(key)
     r.config_set("maxmemory", 0)
-    after = Count()
+    after = Tally()
     # The service comes back by itself: workers re-advertise, streams and groups are made
     # again. Then every request is served.
     with httpx.Client(base_url=s.url, timeout=10) as c:
         wait_until(lambda: c.get("/v2/health/ready").status_code == 200, 20, "ready again")
         scrape = c.get("/metrics").text
-    asyncio.run(load(s.url, 100, 8, after, first=10_000))
+    asyncio.run(send(s.url, "chaos", 100, 8, after, first=10_000, timeout=TIMEOUT_US))
     runs = executions(s.workers)
+    count.count_executions(runs)
     alive = all(w.worker.started.is_set() and not w.worker.stopping for w in s.workers)
     recreated = sum(w.stats.recreated for w in s.workers)
     r.close()
@@ -305,23 +227,22 @@ def test_an_evicting_redis_under_memory_pressure_keeps_serving_and_recovers(
             "\n"
             + count.line(
                 "14 evicting redis",
-                runs,
                 evicted_keys=evicted,
                 streams_recreated=recreated,
                 after_sent=after.sent,
-                after_correct_200=len(after.correct),
+                after_correct_200=after.correct,
                 workers_alive=alive,
-                statuses=dict(sorted(count.by_status().items())),
+                statuses=dict(sorted(count.statuses.items())),
             )
         )
-    statuses = count.by_status()
+    statuses = count.statuses
     assert evicted > 0  # the pressure did evict
-    assert count.hung == 0 and count.wrong == 0
+    assert count.unanswered == 0 and count.wrong == 0
     assert set(statuses) <= {200, 503, 504}, statuses
-    assert len(count.correct) == statuses[200] > 0
+    assert count.correct == statuses[200] > 0
     assert max(runs.values()) == 1
     assert alive
-    assert len(after.correct) == after.sent == 100
+    assert after.correct == after.sent == 100
     assert 'inferq_redis_evicting{policy="allkeys-random"} 1.0' in scrape
 
 
@@ -333,11 +254,11 @@ def test_a_redis_restart_that_loses_every_key_fails_waiters_fast_and_serves_agai
     answer 410 Gone, and service resumes by itself."""
     server, s = redis_and_stack(1)  # one worker holds at most 32: the rest wait in Redis
     jobs = submit_jobs(s, 50)
-    count = Count()
+    count = Tally()
     events: dict[str, float] = {}
 
-    def restart_once(c: Count) -> None:
-        if "down" not in events and len(c.status) >= 200:
+    def restart_once(c: Tally) -> None:
+        if "down" not in events and c.completed >= 200:
             events["down"] = time.monotonic()
             threading.Thread(target=restart).start()
 
@@ -347,14 +268,15 @@ def test_a_redis_restart_that_loses_every_key_fails_waiters_fast_and_serves_agai
         server.start()  # same port, no data
         events["up"] = time.monotonic()
 
-    asyncio.run(load(s.url, 600, 64, count, timeout_us=20_000_000, on_progress=restart_once))
+    asyncio.run(send(s.url, "chaos", 600, 64, count, timeout=20_000_000, on_progress=restart_once))
     wait_until(lambda: "up" in events, 30, "the restart")
-    after = Count()
+    after = Tally()
     with httpx.Client(base_url=s.url, timeout=10) as c:
         wait_until(lambda: c.get("/v2/health/ready").status_code == 200, 20, "ready again")
-    asyncio.run(load(s.url, 200, 16, after, first=10_000))
+    asyncio.run(send(s.url, "chaos", 200, 16, after, first=10_000, timeout=TIMEOUT_US))
     ends = final_jobs(s, jobs)
     runs = executions(s.workers)
+    count.count_executions(runs)
     assert s.gateway is not None
     lost = s.gateway.gateway.replies.lost
     with capsys.disabled():
@@ -362,22 +284,21 @@ def test_a_redis_restart_that_loses_every_key_fails_waiters_fast_and_serves_agai
             "\n"
             + count.line(
                 "15 redis restart, data lost",
-                runs,
                 failed_as_lost=lost,
                 jobs=len(jobs),
                 jobs_correct=sum(1 for e in ends.values() if e == "correct"),
                 jobs_gone_410=sum(1 for e in ends.values() if e == "410"),
                 down_s=f"{events['up'] - events['down']:.1f}",
                 after_sent=after.sent,
-                after_correct_200=len(after.correct),
+                after_correct_200=after.correct,
             )
         )
-    statuses = count.by_status()
-    assert count.hung == 0 and count.wrong == 0
+    statuses = count.statuses
+    assert count.unanswered == 0 and count.wrong == 0
     assert set(statuses) <= {200, 503}, statuses  # lost ones fail at once: no 20 s 504s
     assert lost > 0  # some were waiting in Redis when it lost them: failed, not left to wait
-    assert len(count.correct) == statuses[200] >= 200
+    assert count.correct == statuses[200] >= 200
     assert max(runs.values()) == 1
-    assert len(after.correct) == after.sent == 200
+    assert after.correct == after.sent == 200
     assert set(ends.values()) <= {"correct", "410"}, Counter(ends.values())
     assert len(ends) == len(jobs)

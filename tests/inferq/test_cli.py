@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -15,6 +16,7 @@ import pytest
 
 from inferq.cli import build_parser, main
 from inferq.redisserver import free_port
+from tests.support import missing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,6 +76,24 @@ def test_a_bad_environment_value_is_a_usage_error(capsys):
         build_parser({"INFERQ_MAX_BATCH": "lots"})
     assert exit_.value.code == 2
     assert "INFERQ_MAX_BATCH" in capsys.readouterr().err
+
+
+def test_up_serves_worker_metrics_from_port_9100_by_default():
+    # Worker i of `inferq up` gets the base + i: a local Prometheus sees every worker's stages
+    # with no flag (README: Monitoring), and INFERQ_METRICS_PORT / --metrics-port move the base.
+    assert build_parser({}).parse_args(["up"]).metrics_port == 9100
+    assert build_parser({"INFERQ_METRICS_PORT": "9200"}).parse_args(["up"]).metrics_port == 9200
+    assert build_parser({}).parse_args(["up", "--metrics-port", "0"]).metrics_port == 0
+
+
+@pytest.mark.parametrize("command", ["gateway", "worker"])
+def test_an_otel_exporter_that_is_not_installed_is_a_usage_error(command, capsys):
+    if importlib.util.find_spec("opentelemetry") is None:
+        missing("the otel extra (pip install -e '.[otel]')")
+    environ = {"OTEL_TRACES_EXPORTER": "no-such-exporter"}
+    code = main([command, "--redis", "redis://127.0.0.1:1/0"], environ=environ)
+    assert code == 2
+    assert "no-such-exporter" in capsys.readouterr().err
 
 
 def test_worker_with_a_missing_model_exits_with_a_clear_message(tmp_path, capsys):

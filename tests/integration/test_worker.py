@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import redis
 
@@ -69,6 +70,45 @@ def test_stopping_a_worker_finishes_and_answers_what_it_holds(stack):
         wait_until(lambda: worker.worker.holding == 3, what="the worker to hold all three")
         worker.stop()  # returns once everything it held is answered and acknowledged
         assert [f.result().status_code for f in pending] == [200, 200, 200]
+
+
+def test_a_stopping_worker_runs_what_redis_handed_its_last_blocking_read(
+    stack, redis_url, namespace
+):
+    """Redis serves a blocked XREADGROUP the moment an entry arrives, whatever the worker is
+    doing: the entry is then this consumer's. A worker told to stop just then must run it, not
+    drop the read (the entry would wait for another worker's --claim-idle-ms, its caller for
+    its deadline). Here the worker's event loop is held busy while the entry is handed to its
+    blocked read and the stop is requested, so the stop is seen before the read's reply."""
+    import time
+
+    keys = Keys(namespace)
+    stream = keys.stream("sim", Lane.NORMAL)
+    s = stack(workers=0)
+    worker = s.add_worker(("sim",), worker_id="w-stopping", block_ms=5_000)
+    loop = worker._loop
+    assert loop is not None
+    with redis.Redis.from_url(redis_url) as r:
+
+        def blocked() -> bool:
+            return any(
+                c["cmd"] == "xreadgroup" and "b" in c["flags"]
+                for c in r.client_list()
+                if c["name"].startswith("inferq-worker")
+            )
+
+        wait_until(blocked, what="the worker blocked in XREADGROUP")
+        busy = threading.Event()
+        loop.call_soon_threadsafe(lambda: (busy.set(), time.sleep(0.5)))
+        busy.wait(5)
+        now_ms = int(r.time()[0]) * 1000
+        r.xadd(stream, {FIELD: sim_request(keys, "last", now_ms, value=1.0).encode()})
+        assert r.xpending(stream, GROUP)["pending"] == 1  # handed to the blocked read
+        loop.call_soon_threadsafe(worker.worker.request_stop)
+        worker.stop()
+        assert r.xpending(stream, GROUP)["pending"] == 0
+        result = InferResult.decode(r.get(keys.result("last")))
+        assert result.status is Status.OK and result.worker == "w-stopping"
 
 
 def test_serving_the_whole_repository_skips_a_model_that_cannot_load(

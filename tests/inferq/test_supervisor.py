@@ -1,0 +1,214 @@
+"""The supervisor replaces a child that exits at once, backs off while it keeps crashing, says
+when that is a crash loop, gives up on a configuration error, and stops children role by role.
+
+No processes and no sleeps: the clock and the process launcher are injected."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from inferq.supervisor import (
+    Backoff,
+    ChildSpec,
+    EventLog,
+    Exited,
+    GaveUp,
+    RestartPolicy,
+    Started,
+    Supervisor,
+)
+
+
+class FakeProcess:
+    """A child that runs until the test ends it; SIGTERM ends it with code 0."""
+
+    next_pid = 100
+
+    def __init__(self, spec: ChildSpec, log: list[tuple[str, object]]) -> None:
+        FakeProcess.next_pid += 1
+        self.pid = FakeProcess.next_pid
+        self.spec = spec
+        self.code: int | None = None
+        self.log = log
+        self.ignores_sigterm = False
+
+    def poll(self) -> int | None:
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.log.append((self.spec.name, sig))
+        if sig == signal.SIGTERM and not self.ignores_sigterm:
+            self.code = 0
+
+    def kill(self) -> None:
+        self.log.append((self.spec.name, signal.SIGKILL))
+        self.code = -signal.SIGKILL
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.code is None:
+            import subprocess
+
+            raise subprocess.TimeoutExpired("fake", timeout or 0)
+        return self.code
+
+
+class RecordingLogger:
+    def __init__(self) -> None:
+        self.lines: list[tuple[str, str, dict[str, object]]] = []
+
+    def __getattr__(self, level: str):
+        return lambda event, **fields: self.lines.append((level, event, fields))
+
+
+class Harness:
+    def __init__(self, *names: str, policy: RestartPolicy | None = None) -> None:
+        self.now = 0.0
+        self.events: list[object] = []
+        self.logger = RecordingLogger()
+        self.log = EventLog(self.logger)
+        self.signals: list[tuple[str, object]] = []
+        self.spawned: list[FakeProcess] = []
+        specs = [ChildSpec(n, n.split()[0], ("x",)) for n in names]
+        self.sup = Supervisor(
+            specs,
+            spawn=self._spawn,
+            clock=lambda: self.now,
+            policy=policy,
+            on_event=self._event,
+        )
+        self.sup.start()
+
+    def _event(self, event: object) -> None:
+        self.events.append(event)
+        self.log(event)  # type: ignore[arg-type]
+
+    def _spawn(self, spec: ChildSpec) -> FakeProcess:
+        p = FakeProcess(spec, self.signals)
+        self.spawned.append(p)
+        return p
+
+    def current(self, name: str) -> FakeProcess:
+        return [p for p in self.spawned if p.spec.name == name][-1]
+
+    def crash(self, name: str, code: int = -signal.SIGKILL, after_s: float = 1.0) -> None:
+        """The slot's current process exits ``after_s`` after the clock's present time."""
+        self.now += after_s
+        self.current(name).code = code
+        self.sup.tick()
+
+    def exits(self) -> list[Exited]:
+        return [e for e in self.events if isinstance(e, Exited)]
+
+
+# -- the backoff policy ------------------------------------------------------------------------
+
+
+def test_the_first_crash_is_restarted_at_once_then_the_delay_doubles_up_to_the_cap():
+    backoff = Backoff(RestartPolicy(base_delay_s=0.5, max_delay_s=4, stable_after_s=10))
+    delays = [backoff.exited(ran_s=1).delay_s for _ in range(7)]
+    assert delays == [0, 0.5, 1, 2, 4, 4, 4]
+
+
+def test_a_child_that_ran_long_enough_is_restarted_at_once_again():
+    backoff = Backoff(RestartPolicy(stable_after_s=10))
+    for _ in range(4):
+        backoff.exited(ran_s=1)
+    decision = backoff.exited(ran_s=60)
+    assert decision.delay_s == 0 and decision.exits_in_a_row == 1 and not decision.crash_loop
+
+
+def test_quick_exits_in_a_row_are_a_crash_loop():
+    backoff = Backoff(RestartPolicy(crash_loop_after=3))
+    loops = [backoff.exited(ran_s=0.2).crash_loop for _ in range(4)]
+    assert loops == [False, False, True, True]
+
+
+# -- the supervisor ----------------------------------------------------------------------------
+
+
+def test_a_killed_child_is_replaced_at_once_and_the_restart_counted():
+    h = Harness("worker 0", "gateway 0")
+    first = h.current("worker 0")
+    h.crash("worker 0")
+    replacement = h.current("worker 0")
+    assert replacement is not first and replacement.code is None
+    assert h.sup.restarts == {"worker 0": 1, "gateway 0": 0}
+    assert h.events[-1] == Started("worker 0", replacement.pid, 1)
+    assert h.exits()[0].code == -signal.SIGKILL and h.exits()[0].decision.delay_s == 0
+    assert h.logger.lines[-2:] == [
+        (
+            "warning",
+            "child exited",
+            {
+                "child": "worker 0",
+                "pid": first.pid,
+                "exit": "killed by SIGKILL",
+                "ran_s": 1.0,
+                "restart_in_s": 0.0,
+                "restarts": 0,
+            },
+        ),
+        (
+            "warning",
+            "child restarted",
+            {"child": "worker 0", "pid": replacement.pid, "restarts": 1, "restarts_total": 1},
+        ),
+    ]
+
+
+def test_a_clean_exit_nobody_asked_for_is_replaced_too():
+    h = Harness("worker 0")
+    h.crash("worker 0", code=0)
+    assert h.sup.restarts["worker 0"] == 1 and h.current("worker 0").code is None
+
+
+def test_a_child_that_keeps_crashing_waits_out_its_backoff_before_each_restart():
+    h = Harness("worker 0", policy=RestartPolicy(base_delay_s=0.5, crash_loop_after=3))
+    h.crash("worker 0", code=70, after_s=0.1)  # restarted at once
+    h.crash("worker 0", code=70, after_s=0.1)  # again: 0.5 s backoff
+    assert h.sup.restarts["worker 0"] == 1 and h.current("worker 0").code == 70
+    assert h.sup.next_tick_s(poll_s=5) == pytest.approx(0.5)
+    h.now += 0.4
+    h.sup.tick()
+    assert h.sup.restarts["worker 0"] == 1  # not yet due
+    h.now += 0.1
+    h.sup.tick()
+    assert h.sup.restarts["worker 0"] == 2 and h.current("worker 0").code is None
+    h.crash("worker 0", code=70, after_s=0.1)
+    third = h.exits()[-1]
+    assert third.decision.crash_loop and third.decision.delay_s == 1.0
+    level, event, fields = h.logger.lines[-1]
+    assert (level, event, fields["exits_in_a_row"], fields["exit"]) == (
+        "error",
+        "crash loop",
+        3,
+        "exit code 70",
+    )
+    assert h.log.restarts == 2
+
+
+def test_a_configuration_error_is_not_restarted_and_fails_the_supervisor():
+    h = Harness("worker 0", "gateway 0")
+    h.crash("worker 0", code=2)
+    assert h.sup.restarts["worker 0"] == 0 and len(h.spawned) == 2
+    assert isinstance(h.events[-1], GaveUp)
+    assert h.sup.failure is not None and "worker 0 exit code 2" in h.sup.failure
+
+
+def test_stop_drains_workers_before_gateways_and_restarts_nothing():
+    h = Harness("worker 0", "worker 1", "gateway 0")
+    h.current("worker 0").code = -signal.SIGKILL  # exits just as the stop begins
+    h.sup.stop([("worker", 5), ("gateway", 5)])
+    h.sup.tick()
+    assert [name for name, _ in h.signals] == ["worker 1", "gateway 0"]
+    assert all(sig == signal.SIGTERM for _, sig in h.signals)
+    assert len(h.spawned) == 3 and h.sup.processes() == []
+
+
+def test_a_child_that_ignores_sigterm_is_killed_at_its_roles_timeout():
+    h = Harness("gateway 0")
+    h.current("gateway 0").ignores_sigterm = True
+    h.sup.stop([("gateway", 0.05)])
+    assert h.signals == [("gateway 0", signal.SIGTERM), ("gateway 0", signal.SIGKILL)]

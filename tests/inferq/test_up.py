@@ -1,0 +1,192 @@
+"""``inferq up`` supervises what it starts: a killed worker or gateway is replaced and counted,
+several gateways serve one port, and only SIGTERM or Ctrl-C stops the stack.
+
+Each test runs the real command against the suite's Redis (its own namespace) with the
+simulated model ``sim``, and reads the JSON log lines ``inferq up`` writes about its children.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+
+from inferq.redisserver import free_port
+from protocol.keys import Keys, hash_tag
+from tests.support import sim_body, wait_until
+from tests.upstack import UpProcess, up_processes
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+def up(redis_url: str, namespace: str, model_repo: Path) -> Iterator[Callable[..., UpProcess]]:
+    with up_processes(redis_url, namespace, model_repo, "--models", "sim") as start:
+        yield start
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _correct(i: int, r: httpx.Response) -> bool:
+    return r.status_code == 200 and r.json()["outputs"][0]["data"] == [4.0 * i]
+
+
+def _fresh_connections(url: str, n: int, offset: int = 0) -> list[bool]:
+    """``n`` requests, each on a new connection (so the kernel picks a gateway for each)."""
+    limits = httpx.Limits(max_keepalive_connections=0)
+    with httpx.Client(base_url=url, timeout=30, limits=limits) as c:
+        return [
+            _correct(i, c.post("/v2/models/sim/infer", json=sim_body(i)))
+            for i in range(offset, offset + n)
+        ]
+
+
+def _replies_per_gateway(redis_url: str, namespace: str) -> dict[str, int]:
+    """Entries ever added to each gateway's reply stream (results and a few keepalives)."""
+    keys = Keys(namespace)
+    with redis.Redis.from_url(redis_url) as r:
+        return {
+            hash_tag(key.decode()): int(r.xinfo_stream(key)["entries-added"])
+            for key in r.scan_iter(match=keys.replies_pattern, _type="stream")
+        }
+
+
+def test_a_killed_worker_and_a_killed_gateway_are_replaced_and_the_restarts_counted(up):
+    u = up("--workers", "1")
+    u.wait_ready()
+    assert all(_fresh_connections(u.url, 3))
+    worker, gateway = u.pid("worker 0"), u.pid("gateway 0")
+    for pid in (worker, gateway):
+        subprocess.run(["kill", "-9", str(pid)], check=True)
+    u.wait_for(lambda: len(u.events("child restarted")) == 2, "both restarted")
+    restarted = u.events("child restarted")
+    assert {e["child"]: e["restarts"] for e in restarted} == {"worker 0": 1, "gateway 0": 1}
+    assert sorted(e["restarts_total"] for e in restarted) == [1, 2]
+    exits = {e["child"]: e["exit"] for e in u.events("child exited")}
+    assert exits == {"worker 0": "killed by SIGKILL", "gateway 0": "killed by SIGKILL"}
+    # The stack serves again: the replacement gateway answers, the replacement worker runs.
+    u.wait_for(lambda: _fresh_connections(u.url, 1) == [True], "a correct answer again")
+    assert all(_fresh_connections(u.url, 5, offset=10))
+    children = _children(u.proc.pid)
+    assert u.stop() == 0
+    assert "inferq up: stopped; 2 restart(s) (worker 0: 1, gateway 0: 1)" in u.lines
+    assert not any(_alive(pid) for pid in children)
+
+
+def test_only_sigterm_stops_the_stack_workers_first_then_gateways(up):
+    u = up("--workers", "2")
+    u.wait_ready()
+    assert u.stop() == 0
+    stopped = [
+        doc["event"] for doc in u.log() if doc.get("event") in ("worker stopped", "gateway stopped")
+    ]
+    assert stopped == ["worker stopped"] * 2 + ["gateway stopped"]
+    assert u.lines[-1] == "inferq up: stopped; no restarts"
+
+
+def test_two_gateways_serve_one_port_and_a_killed_one_leaves_it_answering(up, redis_url, namespace):
+    u = up("--workers", "1", "--gateways", "2")
+    u.wait_ready()
+    u.wait_for(lambda: len(_replies_per_gateway(redis_url, namespace)) == 2, "two reply streams")
+    before = _replies_per_gateway(redis_url, namespace)
+    assert all(_fresh_connections(u.url, 60))
+    served = {gid: n - before[gid] for gid, n in _replies_per_gateway(redis_url, namespace).items()}
+    # Two gateway ids, each with its own reply stream, and both answered requests on the port.
+    assert len(served) == 2 and all(n >= 5 for n in served.values()), served
+    subprocess.run(["kill", "-9", str(u.pid("gateway 0"))], check=True)
+    # At once, while gateway 0 is being replaced: every request on the port is answered.
+    assert all(_fresh_connections(u.url, 20, offset=100))
+    u.wait_for(lambda: u.events("child restarted", child="gateway 0") != [], "the replacement")
+    u.wait_for(lambda: len(_replies_per_gateway(redis_url, namespace)) == 3, "a third gateway id")
+    assert all(_fresh_connections(u.url, 20, offset=200))
+    assert u.stop() == 0
+
+
+def test_a_worker_that_cannot_start_stops_the_stack_with_the_reason(up):
+    u = up("--workers", "1", "--models", "nope")
+    assert u.proc.wait(60) == 1
+    u.join()
+    assert any("worker 0 exit code 2" in line and "not restarting" in line for line in u.lines)
+    assert u.events("child not restarted", child="worker 0")
+
+
+def test_a_port_in_use_is_reported_before_anything_starts(up):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        u = up("--port", str(taken.getsockname()[1]))
+        assert u.proc.wait(60) == 1
+    u.join()
+    assert any("cannot listen on 127.0.0.1" in line for line in u.lines)
+    assert u.events("child started") == []
+
+
+def test_inferq_gateway_with_two_gateways_serves_one_port(redis_url, namespace, stack):
+    s = stack(workers=1, models=("sim",))  # a worker (and a gateway of its own) on this Redis
+    s.wait_ready("sim")
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "gateway",
+            "--redis",
+            redis_url,
+            "--namespace",
+            namespace,
+            "--port",
+            str(port),
+            "--gateways",
+            "2",
+            "--log-level",
+            "info",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{url}/v2/health/ready", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(ready, 60, "inferq gateway --gateways 2 to be ready")
+        wait_until(
+            lambda: len(_replies_per_gateway(redis_url, namespace)) == 3, 30, "two more gateways"
+        )
+        before = _replies_per_gateway(redis_url, namespace)
+        assert all(_fresh_connections(url, 60))
+        after = _replies_per_gateway(redis_url, namespace)
+        ours = s.gateway.gateway.settings.gateway_id  # the in-process gateway: not on the port
+        served = {g: after[g] - before[g] for g in after if g != ours}
+        assert len(served) == 2 and all(n >= 5 for n in served.values()), served
+        assert len(_children(proc.pid)) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert out.count('"event": "gateway stopped"') == 2

@@ -1,0 +1,135 @@
+"""A real ``inferq up`` in a subprocess, for the tests of supervision and the chaos suite: every
+line it prints is kept, and its JSON log records (its children's too) are decoded."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from inferq.redisserver import free_port
+from tests.support import wait_until
+
+
+class UpProcess:
+    """A running ``inferq up``; every line it prints is kept, JSON log lines decoded."""
+
+    def __init__(self, proc: subprocess.Popen[str], port: int, namespace: str) -> None:
+        self.proc, self.port, self.namespace = proc, port, namespace
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        with self.proc.stdout:
+            for line in self.proc.stdout:
+                self.lines.append(line.rstrip("\n"))
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> list[dict[str, Any]]:
+        """Every JSON log line, in order. Children share the terminal (here a pipe), so a line
+        may hold two records when two threads of one child write at once: both are kept."""
+        records = []
+        decoder = json.JSONDecoder()
+        for line in list(self.lines):
+            pos = line.find("{")
+            while pos != -1:
+                try:
+                    doc, end = decoder.raw_decode(line, pos)
+                except json.JSONDecodeError:
+                    break
+                records.append(doc)
+                pos = line.find("{", end)
+        return records
+
+    def events(self, name: str, **match: object) -> list[dict[str, Any]]:
+        """Log records whose event is ``name`` (and whose fields match)."""
+        return [
+            doc
+            for doc in self.log()
+            if doc.get("event") == name and all(doc.get(k) == v for k, v in match.items())
+        ]
+
+    def pid(self, child: str) -> int:
+        """The pid of ``child`` (``worker 0``, ``gateway 1``) now."""
+        started = self.events("child started", child=child) + self.events(
+            "child restarted", child=child
+        )
+        return int(started[-1]["pid"])
+
+    def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+        wait_until(condition, timeout_s, f"{what}; inferq up printed:\n" + "\n".join(self.lines))
+
+    def wait_ready(self) -> None:
+        self.wait_for(lambda: any(x.startswith("inferq is serving") for x in self.lines), "ready")
+
+    def stop(self) -> int:
+        """SIGTERM, as a terminal's Ctrl-C or a service manager does; its exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        code = self.proc.wait(60)
+        self.join()
+        return code
+
+    def join(self) -> None:
+        """Until everything it printed has been read (after it exited)."""
+        self._reader.join(10)
+
+
+@contextmanager
+def up_processes(
+    redis_url: str, namespace: str, repo: Path, *common: str
+) -> Iterator[Callable[..., UpProcess]]:
+    """A factory ``start(*flags)`` of ``inferq up`` on this Redis and namespace, serving
+    ``repo`` on a free port (``common`` flags on every one); all are killed at the end."""
+    started: list[UpProcess] = []
+
+    def start(*extra: str) -> UpProcess:
+        port = free_port()
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "inferq",
+                "up",
+                "--redis",
+                redis_url,
+                "--namespace",
+                namespace,
+                "--port",
+                str(port),
+                "--model-repository",
+                str(repo),
+                "--metrics-port",
+                "0",
+                "--log-level",
+                "info",
+                *common,
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        u = UpProcess(proc, port, namespace)
+        started.append(u)
+        return u
+
+    try:
+        yield start
+    finally:
+        for u in started:
+            if u.proc.poll() is None:
+                u.proc.kill()
+                u.proc.wait()
+            u.join()
