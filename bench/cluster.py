@@ -1,6 +1,6 @@
 """The queue on one Redis vs a 3-master Redis Cluster: Redis ops/s and CPU per master.
 
-    python bench/cluster.py [--duration 8] [--concurrency 64] [--models 6]
+    python bench/cluster.py [--duration 8] [--concurrency 64] [--models 6] [--rounds 3]
 
 Both setups run the same processes on this machine: one ``inferq gateway`` and two ``inferq
 worker`` processes serving ``--models`` simulated models (a batch "takes" 1 ms + 0.02 ms a row,
@@ -176,23 +176,28 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--models", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     rows = []
-    wait_for_quiet()
-    with RedisServer() as server:
-        assert server._process is not None
-        rows.append(run("1 node", [(server.port, server._process.pid)], server.url, args))
-    print(rows[-1], flush=True)
-    wait_for_quiet()
-    with LocalCluster(masters=3) as cluster:
-        masters = [n for n in cluster.nodes() if n.master]
-        nodes = []
-        for n in sorted(masters, key=lambda n: n.slots[0][0]):
-            process = cluster.server(n.port)._process
-            assert process is not None
-            nodes.append((n.port, process.pid))
-        rows.append(run("3-master cluster", nodes, cluster.url, args))
-    print(rows[-1], flush=True)
+    # Alternated rounds: the shared machine's load drifts, and a drift should hit both setups.
+    for round_ in range(args.rounds):
+        wait_for_quiet()
+        with RedisServer() as server:
+            assert server._process is not None
+            rows.append(run("1 node", [(server.port, server._process.pid)], server.url, args))
+        print(f"round {round_ + 1}: {rows[-1]['setup']}: {rows[-1]['rps']} req/s", flush=True)
+        wait_for_quiet()
+        with LocalCluster(masters=3) as cluster:
+            masters = [n for n in cluster.nodes() if n.master]
+            nodes = []
+            for n in sorted(masters, key=lambda n: n.slots[0][0]):
+                process = cluster.server(n.port)._process
+                assert process is not None
+                nodes.append((n.port, process.pid))
+            rows.append(run("3-master cluster", nodes, cluster.url, args))
+        print(f"round {round_ + 1}: {rows[-1]['setup']}: {rows[-1]['rps']} req/s", flush=True)
+    ratios = [rows[i + 1]["rps"] / rows[i]["rps"] for i in range(0, len(rows), 2) if rows[i]["rps"]]
+    print(f"cluster / 1 node req/s per round: {[round(r, 2) for r in ratios]}")
     print()
     print(
         markdown_table(
@@ -231,6 +236,7 @@ def main() -> None:
             "machine": machine(),
             "simulated_model": SIM,
             "rows": rows,
+            "cluster_over_one_node_rps": ratios,
         },
     )
     print(f"\nwrote {path}")
