@@ -33,6 +33,7 @@ from protocol.keys import Keys
 from protocol.messages import Kind, Status
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
+from runtime.cluster import script_per_slot
 from runtime.faults import RETRYABLE
 from runtime.tracing import Tracer
 
@@ -160,9 +161,11 @@ class Dispatcher:
         if not jobs:
             return [q.item for q in batch]
         try:
-            before = await self._transition(
-                keys=[self._keys.job(q.item.request.id) for q in jobs],
-                args=[
+            before = await script_per_slot(
+                self._redis,
+                self._transition,
+                [self._keys.job(q.item.request.id) for q in jobs],
+                [
                     JobStatus.QUEUED.value,
                     *transition_args(JobStatus.RUNNING, started_ms=self._now_ms()),
                 ],

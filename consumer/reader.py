@@ -1,5 +1,6 @@
-"""The worker's reader: one ``XREADGROUP`` over every stream of every served model, and the
-intake that turns what it reads (or what the reclaimer claims) into queued deliveries.
+"""The worker's reader: one ``XREADGROUP`` over every stream of every served model (on a Redis
+Cluster, one per slot: see ``ReadGroup``), and the intake that turns what it reads (or what the
+reclaimer claims) into queued deliveries.
 
 Reads are aimed at batching: the reader asks each model's streams for just enough entries to fill
 its next batch, keeps reading while the model runs (the next batch forms meanwhile), stops
@@ -10,6 +11,8 @@ A Redis error never ends the reader. A vanished stream or consumer group (Redis 
 stream, or restarted empty; Redis answers ``UNBLOCKED the stream key no longer exists`` or
 ``NOGROUP``) is created again and reading carries on; anything else is retried with backoff,
 after which the reader pages through its own pending list again in case a read's reply was lost.
+On a cluster, a read that meets a slot that moved (failover, resharding: MOVED, or a connection
+refused by a dead master) reconnects to where the slot lives now.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -36,11 +40,41 @@ from protocol.deadline import local_deadline
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, text
 from protocol.messages import FIELD, InferRequest
 from runtime.aio import cancelling
+from runtime.backoff import Backoff
 from runtime.connections import RedisClock
 from runtime.faults import RETRYABLE, Fault, classify
 from runtime.loops import Loops
+from runtime.readconn import BlockingReads
 
 log = structlog.get_logger("inferq.worker")
+
+
+@dataclass(eq=False)
+class ReadGroup:
+    """Request streams that one ``XREADGROUP`` may read together, and its blocking connection.
+
+    On one Redis that is every stream of every served model: one loop and one blocking
+    connection, however many models. On a Redis Cluster a command may only name keys of one
+    slot, so there is one group per model partition (its three lanes share a hash tag), each with
+    its own loop and a connection to the master that owns the slot. Redis cannot block on keys of
+    several slots in one command, so a node that holds several of a worker's partitions gets one
+    blocking connection per partition from it; connections grow with partitions served, never
+    with requests.
+    """
+
+    name: str
+    streams: frozenset[str]
+    reads: BlockingReads
+    backoff: Backoff
+    client_id: int | None = None
+    blocking_on: frozenset[str] | None = None
+    missing: bool = False
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    read_done: asyncio.Event = field(default_factory=asyncio.Event)
+    """Clear while a read is in flight (``Reader.finish`` waits for it)."""
+
+    def __post_init__(self) -> None:
+        self.read_done.set()
 
 
 class Reader:
@@ -49,7 +83,7 @@ class Reader:
         *,
         consumer: str,
         redis: aioredis.Redis,
-        blocking: aioredis.Redis,
+        groups: list[ReadGroup],
         keys: Keys,
         slots: ModelSlots,
         ledger: Ledger,
@@ -64,7 +98,7 @@ class Reader:
     ) -> None:
         self._consumer = consumer
         self._redis = redis
-        self._blocking = blocking
+        self.groups = groups
         self._keys = keys
         self._slots = slots
         self._ledger = ledger
@@ -74,18 +108,11 @@ class Reader:
         self._metrics = metrics
         self._stats = stats
         self._loops = loops
-        self._backoff = loops.backoff("reader")
         self._block_ms = block_ms
         self._max_deliveries = max_deliveries
-        self._wake = asyncio.Event()
-        self._blocking_on: frozenset[str] | None = None
-        self._client_id: int | None = None
-        self._missing = False
         self.draining = False
         """Set on shutdown: take nothing more."""
         self._finishing = False
-        self._read_done = asyncio.Event()
-        self._read_done.set()
 
     # -- groups ------------------------------------------------------------------------------
 
@@ -108,41 +135,46 @@ class Reader:
         return 0 if slot is None or self.draining else slot.wanted_count()
 
     def wake(self) -> None:
-        """A model's wants changed: make sure the reader is not blocked on the old ones."""
-        self._wake.set()
-        if self._blocking_on is None or self._client_id is None:
-            return
-        streams, _, _ = self._wanted()
-        if not set(streams) <= self._blocking_on:
-            self._blocking_on = None
-            self._loops.spawn_once("unblock", self._unblock(self._client_id))
+        """A model's wants changed: make sure no group's read is blocked on the old ones."""
+        for group in self.groups:
+            group.wake.set()
+            if group.blocking_on is None or group.client_id is None:
+                continue
+            streams, _, _ = self._wanted(group)
+            if not set(streams) <= group.blocking_on:
+                group.blocking_on = None
+                self._loops.spawn_once("unblock", self._unblock(group, group.client_id))
 
-    async def _unblock(self, client_id: int) -> None:
+    async def _unblock(self, group: ReadGroup, client_id: int) -> None:
         try:
-            await self._redis.client_unblock(client_id)
+            await group.reads.unblock(client_id)
         except RETRYABLE as e:
             log.debug("could not unblock the reader", error=str(e))
 
     async def run(self) -> None:
+        """Read every group, each in its own loop (one on one Redis)."""
+        await asyncio.gather(*(self._run(group) for group in self.groups))
+
+    async def _run(self, group: ReadGroup) -> None:
         while not cancelling():
-            streams, count, block = self._wanted()
+            streams, count, block = self._wanted(group)
             if not streams:
-                self._wake.clear()
-                await self._wake.wait()
+                group.wake.clear()
+                await group.wake.wait()
                 continue
-            self._read_done.clear()
+            group.read_done.clear()
             try:
                 try:
-                    reply = await self._read(streams, count, block)
+                    reply = await self._read(group, streams, count, block)
                 except RETRYABLE as e:
-                    await self._read_failed(e)
+                    await self._read_failed(group, e)
                     continue
                 finally:
-                    self._blocking_on = None
-                self._backoff.succeeded()
-                self._deliver(reply or [], streams, count)
+                    group.blocking_on = None
+                group.backoff.succeeded()
+                self._deliver(group, reply or [], streams, count)
             finally:
-                self._read_done.set()
+                group.read_done.set()
 
     async def finish(self, timeout_s: float) -> None:
         """Stop reading without dropping a read in flight. Redis serves a blocked XREADGROUP
@@ -153,26 +185,34 @@ class Reader:
         again (the reader waits to be cancelled)."""
         self._finishing = True
         self.draining = True
-        self._wake.set()
+        for group in self.groups:
+            group.wake.set()
         deadline = time.monotonic() + timeout_s
-        while not self._read_done.is_set() and time.monotonic() < deadline:
-            if self._blocking_on is not None and self._client_id is not None:
-                await self._unblock(self._client_id)
+        while time.monotonic() < deadline:
+            busy = [g for g in self.groups if not g.read_done.is_set()]
+            if not busy:
+                return
+            for group in busy:
+                if group.blocking_on is not None and group.client_id is not None:
+                    await self._unblock(group, group.client_id)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._read_done.wait(), 0.05)
+                await asyncio.wait_for(busy[0].read_done.wait(), 0.05)
 
-    async def _read(self, streams: dict[str, str], count: int, block: bool) -> Any:
-        if self._missing:
+    async def _read(
+        self, group: ReadGroup, streams: dict[str, str], count: int, block: bool
+    ) -> Any:
+        if group.missing:
             await self.ensure_groups()
-            self._missing = False
-        if self._client_id is None:
-            self._client_id = int(await self._blocking.client_id())
+            group.missing = False
+        reader = await group.reads.connection()
+        if group.client_id is None:
+            group.client_id = int(await reader.client_id())
         if block:
-            self._blocking_on = frozenset(streams)
+            group.blocking_on = frozenset(streams)
             for slot in self._slots.values():
-                if slot.streams[0] in streams:
-                    slot.drained = True
-        return await self._blocking.xreadgroup(
+                if any(s in streams for s in slot.streams):
+                    slot.drained_in[group.name] = True
+        return await reader.xreadgroup(
             GROUP,
             self._consumer,
             cast(Any, streams),
@@ -180,46 +220,57 @@ class Reader:
             block=self._block_ms if block else None,
         )
 
-    async def _read_failed(self, error: BaseException) -> None:
+    async def _read_failed(self, group: ReadGroup, error: BaseException) -> None:
         # Redis may have delivered entries whose reply never reached us: they sit in this
         # consumer's pending list. Read that list again (skipping what we hold).
         for slot in self._slots.values():
-            slot.reread_pending()
-        if classify(error) is Fault.MISSING:
-            if not self._missing:
+            slot.reread_pending(group.streams)
+        fault = classify(error)
+        if fault is Fault.MISSING:
+            if not group.missing:
                 log.warning(
                     "a request stream or the consumer group is gone (evicted, deleted, or Redis "
                     "restarted empty); creating it again",
                     error=str(error),
                 )
                 self._stats.recreated += 1
-            self._missing = True
-            if self._backoff.healthy:
-                self._backoff.record(error)
+            group.missing = True
+            if group.backoff.healthy:
+                group.backoff.record(error)
                 return  # the first failure of a run: recreate at once, then back off
         else:
-            self._client_id = None
-        await self._backoff.failed(error)
+            group.client_id = None
+            # On a cluster: reconnect where the slot lives now (a MOVED names it; after a
+            # connection error the slot table is read again). One Redis: nothing to re-aim.
+            if await group.reads.reset(error):
+                group.backoff.record(error)
+                return  # a MOVED named the slot's new owner: read there at once
+        await group.backoff.failed(error)
 
-    def _wanted(self) -> tuple[dict[str, str], int, bool]:
-        """Streams to read (with ids), entries per stream, and whether to block."""
+    def _wanted(self, group: ReadGroup) -> tuple[dict[str, str], int, bool]:
+        """The group's streams to read (with ids), entries per stream, and whether to block."""
         streams: dict[str, str] = {}
         if self._finishing:
             return streams, 0, False
         count = 0
         prompt = False
         for slot in self._slots.values():
-            wanted = {s: slot.wanted_count(lane) for s, lane in slot.lane_of.items()}
+            mine = [s for s in slot.streams if s in group.streams]
+            if not mine:
+                continue
+            wanted = {s: slot.wanted_count(slot.lane_of[s]) for s in mine}
             included = [s for s, n in wanted.items() if n > 0]
             if not included:
-                slot.drained = False  # not read: what is queued in Redis is unknown
+                slot.drained_in[group.name] = False  # not read: what is queued is unknown
                 continue
             streams.update({s: slot.read_ids[s] for s in included})
             count = max(count, *(wanted[s] for s in included))
             prompt = prompt or slot.needs_prompt_read() or slot.reading_backlog()
         return streams, count, not prompt
 
-    def _deliver(self, reply: list[Any], asked: dict[str, str], count: int) -> None:
+    def _deliver(
+        self, group: ReadGroup, reply: list[Any], asked: dict[str, str], count: int
+    ) -> None:
         got: dict[str, int] = {}
         last_ids: dict[str, str] = {}
         for raw_stream, entries in reply:
@@ -229,15 +280,17 @@ class Reader:
                 last_ids[stream] = text(entries[-1][0])
             self.accept(stream, entries)
         for slot in self._slots.values():
-            if slot.streams[0] not in asked:
+            mine = [s for s in slot.streams if s in group.streams]
+            if not any(s in asked for s in mine):
                 continue
-            for stream in slot.streams:
+            for stream in mine:
                 if stream in asked and asked[stream] != ">":
                     # Reading our own pending list: page through it, then switch to new entries.
                     done = got.get(stream, 0) < count
                     slot.read_ids[stream] = ">" if done else last_ids.get(stream, ">")
-            slot.drained = all(s in asked and got.get(s, 0) < count for s in slot.streams)
-            if slot.drained:
+            drained = all(s in asked and got.get(s, 0) < count for s in mine)
+            slot.drained_in[group.name] = drained
+            if drained:
                 slot.changed.set()
 
     # -- intake ------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ Every ``interval_s`` for each served stream:
 - **Reclaim.** Entries pending longer than ``claim_idle_ms`` (their worker died, or lost its
   read in a connection drop) are claimed with ``XCLAIM`` and queued here, as far as this
   worker has room. ``XCLAIM`` with a minimum idle time is atomic, so two workers reclaiming at
-  once cannot both take an entry.
+  once cannot both take an entry. Streams the published backlog snapshot shows with nothing
+  pending are skipped (``runtime.stats``): at idle a pass costs one ``GET``, not one
+  ``XPENDING`` per stream.
 - **Poison.** An entry already delivered ``max_deliveries`` times (it keeps crashing workers)
   is not run again: it goes to the dead-letter stream with the reason, and its caller is answered
   with that reason instead of waiting for a deadline.
@@ -42,14 +44,16 @@ from redis.exceptions import ResponseError
 from consumer.ledger import Ledger
 from consumer.metrics import WorkerMetrics
 from consumer.slots import ModelSlots
-from protocol.keys import GROUP, Keys, next_id, text
+from protocol.keys import GROUP, Keys, Lane, next_id, text
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.faults import RETRYABLE, Fault, classify
+from runtime.stats import read_snapshot
 
 log = structlog.get_logger("inferq.worker")
 
 HOUSEKEEPING_EVERY = 20
+_LANES = {lane.value for lane in Lane}
 
 
 class Intake(Protocol):
@@ -118,12 +122,29 @@ class Reclaimer:
                     await self.trim(stream)
                     await self.prune(stream)
         await self.renew()
+        quiet = await self._quiet_streams()
         for name, streams in self._slots.streams().items():
             for stream in streams:
                 room = self._intake.room(name)
                 if room <= 0:
                     break
-                await self.reclaim(stream, room)
+                if stream not in quiet:
+                    await self.reclaim(stream, room)
+
+    async def _quiet_streams(self) -> set[str]:
+        """Streams the published backlog snapshot (``runtime.stats``) shows with nothing
+        pending. Nothing there can have been idle ``claim_idle_ms`` yet if the snapshot is
+        younger than that, so they need no XPENDING: at idle the reclaimer then costs one GET a
+        pass instead of one command per stream. Without a fresh snapshot, every stream is
+        looked at."""
+        snapshot = await read_snapshot(self._redis, self._keys)
+        if snapshot is None or not snapshot.fresh(self._now_ms(), self._claim_idle_ms // 2):
+            return set()
+        return {
+            self._keys.stream(row.model, Lane(row.lane), row.partition)
+            for row in snapshot.lanes
+            if row.pending == 0 and row.lane in _LANES
+        }
 
     async def renew(self) -> None:
         stale = self._ledger.idle_since(time.monotonic() - self._claim_idle_ms / 3000)

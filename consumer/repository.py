@@ -17,7 +17,7 @@ from typing import Any
 
 from protocol.control import VersionPolicy, check_weights, version_order
 from protocol.errors import ProtocolError
-from protocol.keys import is_valid_name
+from protocol.keys import MAX_PARTITIONS, is_valid_name
 from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import DATATYPES
 
@@ -114,6 +114,9 @@ class ModelConfig:
     device: str | None = None
     """Where this model runs ("cpu" or "cuda"); None: wherever the worker's --device says. A
     small model pinned to the CPU stays off the accelerator on a GPU worker."""
+    partitions: int = 1
+    """Request streams per lane, each on its own Redis Cluster slot (see ``protocol.keys``):
+    gateways spread requests over them and every worker of the model reads all of them."""
 
     def version_path(self, version: str) -> Path:
         return self.root / version
@@ -142,6 +145,7 @@ class ModelConfig:
             cache_enabled=self.cache_enabled,
             cache_ttl_s=self.cache_ttl_s,
             weights=self.weights,
+            partitions=self.partitions,
         )
 
 
@@ -325,7 +329,10 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
         preprocess=_preprocess(f),
         warmup=_warmup(f, backend),
         device=f.get("device", str, None),
+        partitions=f.positive("partitions", int, 1),
     )
+    if config.partitions > MAX_PARTITIONS:
+        raise f.fail("partitions", f"must be at most {MAX_PARTITIONS}, got {config.partitions}")
     if config.device not in (None, "cpu", "cuda"):
         raise f.fail("device", f'must be "cpu" or "cuda", got {config.device!r}')
     if config.flush_ms < 0 or not math.isfinite(config.flush_ms):

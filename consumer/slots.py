@@ -8,7 +8,7 @@ reclaimer look models up here; model control changes what a model serves only th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -43,15 +43,20 @@ class ModelSlot:
 
     def __init__(self, model: ServedModel, keys: Keys) -> None:
         self.model = model
-        self.streams = keys.streams(model.name)
-        self.lane_of = {s: i for i, s in enumerate(self.streams)}
+        self.streams = keys.all_streams(model.name, model.config.partitions)
+        """Every partition's lanes, each partition highest lane first."""
+        lanes = len(LANES_BY_PRIORITY)
+        self.lane_of = {s: i % lanes for i, s in enumerate(self.streams)}
         self.queue: BatchQueue[Delivery] = BatchQueue(
             lanes=len(LANES_BY_PRIORITY), background_from=LANES_BY_PRIORITY.index(Lane.LOW)
         )
         self.policy = BatchPolicy(model.max_batch, model.flush_s)
         self.read_ids = dict.fromkeys(self.streams, "0")
         """'0' first: drain entries this consumer already holds from an earlier life."""
-        self.drained = False
+        self.drained_in: dict[str, bool] = {}
+        """Per read group reading some of these streams (``consumer.reader.ReadGroup``):
+        whether its last read found them drained. One group on one Redis; one per partition on
+        a cluster."""
         self.busy = False
         self.changed = asyncio.Event()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{model.name}")
@@ -76,6 +81,11 @@ class ModelSlot:
             return max(1, self.model.max_batch // BACKGROUND_BATCH_DIVISOR)
         return self.model.max_batch
 
+    @property
+    def drained(self) -> bool:
+        """Nothing more queued in Redis, as far as the last read of every group knows."""
+        return bool(self.drained_in) and all(self.drained_in.values())
+
     def reading_backlog(self) -> bool:
         """Still paging through entries delivered to this consumer earlier (its pending list)."""
         return any(i != ">" for i in self.read_ids.values())
@@ -84,10 +94,13 @@ class ModelSlot:
         """Idle with a partial batch and more possibly queued: read without blocking."""
         return not self.busy and len(self.queue) > 0 and not self.drained
 
-    def reread_pending(self) -> None:
-        """Read this consumer's pending list again from the start: after a lost read reply
-        (entries delivered whose reply never arrived) or a stream recreated empty."""
-        self.read_ids = dict.fromkeys(self.streams, "0")
+    def reread_pending(self, streams: Collection[str] | None = None) -> None:
+        """Read this consumer's pending list again from the start (on ``streams``, by default
+        all): after a lost read reply (entries delivered whose reply never arrived) or a stream
+        recreated empty."""
+        for stream in self.streams:
+            if streams is None or stream in streams:
+                self.read_ids[stream] = "0"
 
 
 class ModelSlots:

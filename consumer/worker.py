@@ -1,8 +1,8 @@
 """The worker process: reads a consumer group, forms batches, runs models, publishes results.
 
 Its parts, each in its own module, all owned here (started in ``start``, stopped in ``stop``):
-- the reader (``reader.py``): one ``XREADGROUP`` over every stream of every served model, and
-  the intake that queues what it reads;
+- the reader (``reader.py``): one ``XREADGROUP`` over every stream of every served model (on a
+  Redis Cluster, one per model partition), and the intake that queues what it reads;
 - one dispatcher per model (``dispatcher.py``): forms batches and runs them on the model's own
   thread, so the event loop keeps reading;
 - the writer (``writer.py``): pipelines results, replies and job transitions, then the XACKs;
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from typing import cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -34,7 +35,7 @@ from consumer.ledger import Ledger
 from consumer.metrics import MetricsServer, WorkerMetrics
 from consumer.model import ServedModel
 from consumer.outgoing import Outcomes
-from consumer.reader import Reader
+from consumer.reader import Reader, ReadGroup
 from consumer.reclaimer import Reclaimer
 from consumer.repository import ModelConfig, RepositoryError, list_models, load_config
 from consumer.settings import WorkerSettings
@@ -43,13 +44,15 @@ from consumer.stats import WorkerStats
 from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
 from protocol.jobs import TRANSITION_SCRIPT
-from protocol.keys import Keys
+from protocol.keys import Keys, hash_tag
 from protocol.registry import WorkerInfo
 from runtime import tracing
-from runtime.connections import RedisClock, blocking_client, command_client, redact
+from runtime.cluster import GatedCluster, node_options
+from runtime.connections import RedisClock, blocking_client, command_client, redact, resolve
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
 from runtime.loops import LoopCrashed, Loops
+from runtime.readconn import ReadConnection, SlotReadConnection
 
 log = structlog.get_logger("inferq.worker")
 
@@ -84,6 +87,9 @@ class Worker:
         self._started_ms = 0
         self._redis: aioredis.Redis | None = None
         self._blocking: aioredis.Redis | None = None
+        self._redis_settings = settings.redis
+        self.cluster = False
+        """Serving from a Redis Cluster (asked of the server at start)."""
         self._control_reader: aioredis.Redis | None = None
         self.control: ModelControl | None = None
         self._writer: ResultWriter | None = None
@@ -95,6 +101,11 @@ class Worker:
     def holding(self) -> int:
         """Entries read from Redis and not yet acknowledged (queued, running or being written)."""
         return len(self.ledger)
+
+    @property
+    def groups(self) -> list[ReadGroup]:
+        """The reader's groups: what each blocking read covers, and where it reads."""
+        return [] if self._reader is None else self._reader.groups
 
     @property
     def stopping(self) -> bool:
@@ -118,7 +129,7 @@ class Worker:
 
     async def start(self) -> None:
         configs = self._read_configs()
-        redis = self._connect()
+        redis = await self._connect()
         await self.clock.sync(redis)
         await self.eviction.refresh(redis)
         self.control = self._model_control(redis)
@@ -143,6 +154,7 @@ class Worker:
             worker=self.id,
             models=list(self.slots),
             redis=redact(self.settings.redis.url),
+            cluster=self.cluster,
             max_batch={n: sl.model.max_batch for n, sl in self.slots.items()},
         )
         self.started.set()
@@ -161,16 +173,51 @@ class Worker:
                 self._skip(n, e)
         return configs
 
-    def _connect(self) -> aioredis.Redis:
+    async def _connect(self) -> aioredis.Redis:
         s = self.settings
-        self._redis = command_client(s.redis, name=f"inferq-worker-{self.id}")
-        self._blocking = blocking_client(
-            s.redis, name=f"inferq-worker-reader-{self.id}", block_s=s.block_ms / 1000
-        )
+        self._redis_settings = await resolve(s.redis)
+        self.cluster = bool(self._redis_settings.cluster)
+        self._redis = command_client(self._redis_settings, name=f"inferq-worker-{self.id}")
         self._control_reader = blocking_client(
-            s.redis, name=f"inferq-worker-control-{self.id}", block_s=s.block_ms / 1000
+            self._redis_settings,
+            name=f"inferq-worker-control-{self.id}",
+            block_s=s.block_ms / 1000,
         )
         return self._redis
+
+    def _read_groups(self) -> list[ReadGroup]:
+        """The reader's groups (see ``ReadGroup``): everything in one on one Redis; one per
+        model partition (hash tag) on a cluster, each reading from the master of its slot."""
+        s, settings = self.settings, self._redis_settings
+        assert self._redis is not None
+        block_s = s.block_ms / 1000
+        if not self.cluster:
+            self._blocking = blocking_client(
+                settings, name=f"inferq-worker-reader-{self.id}", block_s=block_s
+            )
+            streams = frozenset(st for slot in self.slots.values() for st in slot.streams)
+            reads = ReadConnection(self._blocking, self._redis)
+            return [ReadGroup("all", streams, reads, self.loops.backoff("reader"))]
+        tagged: dict[str, set[str]] = {}
+        for slot in self.slots.values():
+            for stream in slot.streams:
+                tagged.setdefault(hash_tag(stream), set()).add(stream)
+        return [
+            ReadGroup(
+                tag,
+                frozenset(streams),
+                SlotReadConnection(
+                    cast(GatedCluster, self._redis),
+                    next(iter(streams)),
+                    name=f"inferq-worker-reader-{self.id}",
+                    socket_timeout_s=block_s + settings.socket_timeout_s,
+                    connect_timeout_s=settings.connect_timeout_s,
+                    options=node_options(settings.url),
+                ),
+                self.loops.backoff(f"reader-{tag}"),
+            )
+            for tag, streams in tagged.items()
+        ]
 
     def _model_control(self, redis: aioredis.Redis) -> ModelControl:
         s = self.settings
@@ -230,7 +277,6 @@ class Worker:
     def _build_parts(self, redis: aioredis.Redis) -> None:
         """The writer, reader, advertiser and reclaimer, wired to each other's narrow faces."""
         s = self.settings
-        assert self._blocking is not None
         self._transition: AsyncScript = redis.register_script(TRANSITION_SCRIPT)
         self._outcomes = Outcomes(self.keys, self.clock.now_ms, self.id)
         self._writer = ResultWriter(
@@ -245,7 +291,7 @@ class Worker:
         self._reader = Reader(
             consumer=self.id,
             redis=redis,
-            blocking=self._blocking,
+            groups=self._read_groups(),
             keys=self.keys,
             slots=self.slots,
             ledger=self.ledger,
@@ -335,8 +381,9 @@ class Worker:
                 if self._advertiser is not None:
                     await self._advertiser.withdraw()
             await self._redis.aclose()
-        if self._blocking is not None:
-            await self._blocking.aclose()
+        if self._reader is not None:
+            for group in self._reader.groups:
+                await group.reads.aclose()
         if self._control_reader is not None:
             await self._control_reader.aclose()
         for slot in self.slots.values():

@@ -40,6 +40,7 @@ from protocol.keys import DLQ_MAXLEN, GROUP, JOB_EVENTS_MAXLEN
 from protocol.messages import FIELD, JOB_EVENT_FIELD
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
+from runtime.cluster import queue_script
 from runtime.faults import RETRYABLE, TRANSIENT, Fault, classify
 from runtime.tracing import Tracer
 
@@ -154,7 +155,7 @@ class ResultWriter:
                 ack_replies[stream] = len(pipe)
                 pipe.xack(stream, GROUP, *ids)
                 # The payloads just acknowledged leave Redis now, not at the next periodic trim.
-                await self._trim(keys=[stream], args=[GROUP], client=pipe)
+                await queue_script(pipe, self._trim, [stream], [GROUP])
             replies = await pipe.execute(raise_on_error=False)
         self.flushes += 1
         refused = self._check_steps(steps, replies)
@@ -178,9 +179,7 @@ class ResultWriter:
         if out.job is not None and "job" not in write.done:
             assert self._transition is not None
             job = out.job
-            await self._transition(
-                keys=[job.key], args=[job.required.value, *job.args], client=pipe
-            )
+            await queue_script(pipe, self._transition, [job.key], [job.required.value, *job.args])
             pipe.pexpire(job.key, max(1, job.ttl_ms))
             pipe.xadd(
                 self._job_events,

@@ -22,7 +22,7 @@ from protocol import ProtocolError
 from protocol.deadline import deadline_after
 from protocol.keys import Keys
 from protocol.messages import FIELD, DeadLetter, InferRequest
-from runtime.connections import redact
+from runtime.connections import RedisSettings, redact, resolve_sync, sync_client
 from runtime.settings import connection_flags
 
 EXIT_OK = 0
@@ -93,14 +93,15 @@ def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
 def _models(r: redis.Redis, keys: Keys, only: str | None) -> list[str]:
     if only:
         return [only]
-    prefix = keys.dlq("")
-    return sorted(k.decode()[len(prefix) :] for k in r.scan_iter(match=f"{prefix}*"))
+    found = (keys.parse_dlq(k.decode()) for k in r.scan_iter(match=keys.dlq_pattern))
+    return sorted({m for m in found if m is not None})
 
 
 def run(args: argparse.Namespace) -> int:
     keys = Keys(args.namespace)
     try:
-        with redis.Redis.from_url(args.redis_url, socket_timeout=10) as r:
+        settings = resolve_sync(RedisSettings(url=args.redis_url, socket_timeout_s=10))
+        with sync_client(settings) as r:
             return _run(r, keys, args)
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
         print(f"inferq dlq: cannot reach Redis at {redact(args.redis_url)}: {e}", file=sys.stderr)
@@ -156,10 +157,14 @@ def _run(r: redis.Redis, keys: Keys, args: argparse.Namespace) -> int:
         replayed = 0
         for entry_id, fields in entries:
             letter = DeadLetter.from_fields(fields)
-            payload, target = letter.payload, letter.stream
-            if keys.parse_stream(target) is None:
+            payload = letter.payload
+            original = keys.parse_stream_key(letter.stream)
+            if original is None:
                 print(f"  {entry_id.decode()}: no original stream recorded; skipped")
                 continue
+            # Back to the same lane of partition 0, which shares the dead-letter stream's slot:
+            # the move is one MULTI on a cluster too. Workers read every partition alike.
+            target = keys.stream(original.model, original.lane)
             if args.extend_deadline_s > 0:
                 try:
                     request = InferRequest.decode(payload)

@@ -108,13 +108,14 @@ COLUMNS = (
 def render_table(
     namespace: str,
     lanes: Sequence[LaneLag],
-    drains: Mapping[tuple[str, Lane], Drain],
+    drains: Mapping[tuple[str, Lane, int], Drain],
     dlq: Mapping[str, int],
     *,
     threshold: int | None = None,
     policy: str | None = None,
 ) -> str:
-    """The terminal view: one row per model and lane, then notes (and a warning first when
+    """The terminal view: one row per model and lane (per partition, with a PART column and a
+    total row per model, when a model has several), then notes (and a warning first when
     Redis's ``maxmemory-policy`` may evict inferq's keys)."""
     alarm = f"WARNING: {warning(policy)}\n" if policy and is_evicting(policy) else ""
     if not lanes:
@@ -122,27 +123,50 @@ def render_table(
             f"no models in namespace '{namespace}' (no {namespace}:models hash and no "
             f"{namespace}:stream:* keys): check --namespace and --redis\n"
         )
-    rows = [COLUMNS]
-    for lane in lanes:
-        drain = drains.get((lane.model, lane.lane))
-        rows.append(
-            (
-                lane.model,
-                lane.lane.value,
-                str(lane.length),
-                ("" if lane.lag_exact else "~") + str(lane.lag),
-                str(lane.pending),
-                str(lane.backlog),
-                str(lane.consumers),
-                format_duration(lane.oldest_pending_ms),
-                "-" if drain is None else f"{drain.read_per_s:.1f}",
-                _eta(lane, drain),
-            )
+    partitioned = {lane.model for lane in lanes if lane.partition > 0}
+    columns: tuple[str, ...] = COLUMNS if not partitioned else (COLUMNS[0], "PART", *COLUMNS[1:])
+    rows: list[tuple[str, ...]] = [columns]
+    totals = {m.model: m for m in by_model(lanes, dlq)}
+    for i, lane in enumerate(lanes):
+        drain = drains.get((lane.model, lane.lane, lane.partition))
+        row: tuple[str, ...] = (
+            lane.model,
+            lane.lane.value,
+            str(lane.length),
+            ("" if lane.lag_exact else "~") + str(lane.lag),
+            str(lane.pending),
+            str(lane.backlog),
+            str(lane.consumers),
+            format_duration(lane.oldest_pending_ms),
+            "-" if drain is None else f"{drain.read_per_s:.1f}",
+            _eta(lane, drain),
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
+        if partitioned:
+            row = (row[0], str(lane.partition), *row[1:])
+        rows.append(row)
+        last_of_model = i + 1 == len(lanes) or lanes[i + 1].model != lane.model
+        if last_of_model and lane.model in partitioned:
+            m = totals[lane.model]
+            rows.append(
+                (
+                    m.model,
+                    "all",
+                    "total",
+                    str(m.length),
+                    ("" if m.lag_exact else "~") + str(m.lag),
+                    str(m.pending),
+                    str(m.backlog),
+                    str(m.consumers),
+                    format_duration(m.oldest_pending_ms),
+                    "",
+                    "",
+                )
+            )
+    left = 3 if partitioned else 2
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
     lines = [
         "  ".join(
-            cell.ljust(w) if i < 2 else cell.rjust(w)
+            cell.ljust(w) if i < left else cell.rjust(w)
             for i, (cell, w) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in rows
@@ -151,7 +175,11 @@ def render_table(
     head = f"namespace {namespace}  group {GROUP}  at {sampled:%Y-%m-%d %H:%M:%S} UTC (Redis clock)"
     notes = []
     estimated = sorted(
-        {f"{r.model}/{r.lane.value} ({r.lag_source})" for r in lanes if not r.lag_exact}
+        {
+            f"{r.model}/{r.lane.value}{f'/{r.partition}' if r.partition else ''} ({r.lag_source})"
+            for r in lanes
+            if not r.lag_exact
+        }
     )
     if estimated:
         notes.append(
@@ -162,7 +190,7 @@ def render_table(
     if letters:
         notes.append(
             "dead letters: "
-            + ", ".join(f"{m} {n} ({namespace}:dlq:{m})" for m, n in letters.items())
+            + ", ".join(f"{m} {n} ({Keys(namespace).dlq(m)})" for m, n in letters.items())
         )
     for m in above(by_model(lanes, dlq), threshold):
         notes.append(
@@ -175,7 +203,7 @@ def render_table(
 def to_json(
     namespace: str,
     lanes: Sequence[LaneLag],
-    drains: Mapping[tuple[str, Lane], Drain],
+    drains: Mapping[tuple[str, Lane, int], Drain],
     dlq: Mapping[str, int],
     *,
     threshold: int | None = None,
@@ -185,11 +213,12 @@ def to_json(
     models = by_model(lanes, dlq)
     out_lanes = []
     for lane in lanes:
-        drain = drains.get((lane.model, lane.lane))
+        drain = drains.get((lane.model, lane.lane, lane.partition))
         out_lanes.append(
             {
                 "model": lane.model,
                 "lane": lane.lane.value,
+                "partition": lane.partition,
                 "stream": lane.stream,
                 "length": lane.length,
                 "lag": lane.lag,
@@ -298,10 +327,11 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 async def _main(args: argparse.Namespace, out: TextIO) -> int:
-    from runtime.connections import RedisSettings, command_client, redact
+    from runtime.connections import RedisSettings, command_client, redact, resolve
 
     keys = Keys(args.namespace)
-    client = command_client(RedisSettings(url=args.redis_url), name="inferq-lag")
+    settings = await resolve(RedisSettings(url=args.redis_url))
+    client = command_client(settings, name="inferq-lag")
     estimator = DrainEstimator()
     interactive = bool(args.watch) and not args.json and out.isatty()
     refreshes = 0
@@ -312,7 +342,10 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
             drains = estimator.update(lanes)
             if not args.watch and args.sample_s > 0 and lanes:
                 await asyncio.sleep(args.sample_s)
-                lanes = await collect(client, keys, models=sorted({r.model for r in lanes}))
+                partitions: dict[str, int] = {}
+                for r in lanes:
+                    partitions[r.model] = max(partitions.get(r.model, 1), r.partition + 1)
+                lanes = await collect(client, keys, models=partitions)
                 drains = estimator.update(lanes)
             dlq = await dead_letters(client, keys, (r.model for r in lanes))
             policy = await read_policy(client)

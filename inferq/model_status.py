@@ -22,7 +22,7 @@ import redis
 from producer.registry import ModelEntry, merge, parse_snapshot, queue_snapshot, status_lines
 from protocol.control import LoadReport
 from protocol.keys import Keys
-from runtime.connections import redact
+from runtime.connections import RedisSettings, redact, resolve_sync, sync_client
 from runtime.settings import connection_flags
 
 EXIT_OK = 0
@@ -176,7 +176,8 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = sys.stdout if out is None else out
     keys = Keys(args.namespace)
     try:
-        with redis.Redis.from_url(args.redis_url, socket_timeout=5) as r:
+        settings = resolve_sync(RedisSettings(url=args.redis_url))
+        with sync_client(settings) as r:
             now_ms = int(cast(tuple[int, int], r.time())[0]) * 1000
             views = snapshot(r, keys, now_ms)
     except (redis.RedisError, OSError) as e:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import redis
 
+from runtime.cluster import seed_urls
+
 INSTALL_HINT = (
     "install Redis 7 (Debian/Ubuntu: `sudo apt-get install redis-server`; macOS: "
     "`brew install redis`) or point --redis / INFERQ_REDIS_URL at a running Redis"
@@ -29,14 +31,19 @@ def free_port() -> int:
 
 
 def answers(url: str, timeout_s: float = 0.5) -> bool:
-    """Whether a Redis at ``url`` answers PING."""
-    client = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
-    try:
-        return bool(client.ping())
-    except (redis.RedisError, OSError):
-        return False
-    finally:
-        client.close()
+    """Whether a Redis at ``url`` (any of its seeds, for a cluster) answers PING."""
+    for seed in seed_urls(url):
+        client = redis.Redis.from_url(
+            seed, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        try:
+            if client.ping():
+                return True
+        except (redis.RedisError, OSError):
+            continue
+        finally:
+            client.close()
+    return False
 
 
 class RedisServer:
@@ -59,6 +66,10 @@ class RedisServer:
         self.data_dir = data_dir
         self._process: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and self._process.poll() is None
 
     @property
     def url(self) -> str:

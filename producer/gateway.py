@@ -30,10 +30,11 @@ from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from runtime import tracing
 from runtime.aio import cancelling
-from runtime.connections import RedisClock, blocking_client, command_client, redact
+from runtime.connections import RedisClock, blocking_client, command_client, redact, resolve
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE, describe
 from runtime.loops import Loops
+from runtime.stats import StatsRefresher
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -56,9 +57,13 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        self.redis = command_client(s.redis, name=f"inferq-gateway-{s.gateway_id}")
+        redis_settings = await resolve(s.redis)
+        self.cluster = bool(redis_settings.cluster)
+        self.redis = command_client(redis_settings, name=f"inferq-gateway-{s.gateway_id}")
         self.reader = blocking_client(
-            s.redis, name=f"inferq-gateway-replies-{s.gateway_id}", block_s=s.reply_block_ms / 1000
+            redis_settings,
+            name=f"inferq-gateway-replies-{s.gateway_id}",
+            block_s=s.reply_block_ms / 1000,
         )
         self.pipeline = AutoPipeline(self.redis)
         self.registry = ModelRegistry(
@@ -76,6 +81,8 @@ class Gateway:
             block_ms=s.reply_block_ms,
             ttl_s=max(60.0, 6 * s.heartbeat_s),
             job_events=self.keys.job_events,
+            separate_job_events=self.cluster,
+            events=self.loops.backoff("job-events"),
             reads=self.loops.backoff("replies"),
             keepalives=self.loops.backoff("reply-keepalive"),
         )
@@ -83,7 +90,7 @@ class Gateway:
             s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
         )
         self.metrics.track_waiters(lambda: self.replies.waiting)
-        self.jobs = JobService(s, self.service)
+        self.jobs = JobService(s, self.service, cluster=self.cluster)
         self.admin = ModelAdmin(s, self.keys, self.redis, self.registry)
         try:
             await self.clock.sync(self.redis)
@@ -102,17 +109,33 @@ class Gateway:
             self.clock.now_ms,
             interval_s=s.stream_gauges_s,
             backoff=self.loops.backoff("stream-gauges", critical=False),
+            stats=lambda: self.registry.stats,
+        )
+        stats = StatsRefresher(
+            self.redis,
+            self.keys,
+            s.gateway_id,
+            self.clock.now_ms,
+            interval_s=s.registry_refresh_s,
+            detail_every=max(1, round(s.stream_gauges_s / s.registry_refresh_s)),
+            backoff=self.loops.backoff("stats", critical=False),
+            latest=lambda: self.registry.stats,
+            publish=self.registry.accept_stats,
         )
         self.loops.spawn("replies", self.replies.run())
         self.loops.spawn("reply-keepalive", self.replies.run_keepalive(s.heartbeat_s))
+        if self.cluster:
+            self.loops.spawn("job-events", self.replies.run_job_events())
         self.loops.spawn("registry", self.registry.run())
         self.loops.spawn("clock", self._resync_clock())
         self.loops.spawn("stream-gauges", gauges.run())
+        self.loops.spawn("stats", stats.run())
         self.metrics.runtime.track_loops(self.loops.health)
         log.info(
             "gateway started",
             gateway=s.gateway_id,
             redis=redact(s.redis.url),
+            cluster=self.cluster,
             models=sorted(self.registry.models),
         )
 

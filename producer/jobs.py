@@ -41,8 +41,10 @@ from protocol.cachekey import digest
 from protocol.deadline import deadline_after, has_expired
 from protocol.jobs import (
     JOB_ID_RANDOM_BYTES,
+    RESERVE_SCRIPT,
     SUBMIT_SCRIPT,
     TRANSITION_SCRIPT,
+    UNDO_SCRIPT,
     JobRecord,
     JobStatus,
     idempotency_value,
@@ -51,8 +53,9 @@ from protocol.jobs import (
     parse_idempotency_value,
     transition_args,
 )
-from protocol.keys import JOB_EVENTS_MAXLEN, Lane
+from protocol.keys import JOB_EVENTS_MAXLEN, Lane, idempotency_tag_bytes
 from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
+from runtime.cluster import queue_script
 from runtime.faults import RETRYABLE
 from runtime.tracing import REQUEST_TRACE
 
@@ -89,7 +92,9 @@ def iso(ms: int) -> str | None:
 
 
 class JobService:
-    def __init__(self, settings: GatewaySettings, inference: InferenceService) -> None:
+    def __init__(
+        self, settings: GatewaySettings, inference: InferenceService, *, cluster: bool = False
+    ) -> None:
         self.settings = settings
         self.inference = inference
         self.keys = inference.keys
@@ -99,6 +104,10 @@ class JobService:
         self._redis = inference.pipeline.redis
         self._transition: AsyncScript = self._redis.register_script(TRANSITION_SCRIPT)
         self._submit: AsyncScript = self._redis.register_script(SUBMIT_SCRIPT)
+        self._reserve: AsyncScript = self._redis.register_script(RESERVE_SCRIPT)
+        self._undo: AsyncScript = self._redis.register_script(UNDO_SCRIPT)
+        self.cluster = cluster
+        """A Redis Cluster: a submission is two steps (see ``_enqueue``)."""
 
     async def submit(
         self,
@@ -129,7 +138,12 @@ class JobService:
         timeout_ms = timeout_us // 1000 if timeout_us else self.settings.job_timeout_s * 1000
         timeout_ms = max(1, min(timeout_ms, self.settings.job_ttl_s * 1000))
         lane = Lane.for_priority(sched.priority) if "priority" in body.parameters else Lane.LOW
-        job_id = new_job_id(self.clock.now_ms(), secrets.token_bytes(JOB_ID_RANDOM_BYTES))
+        random = secrets.token_bytes(JOB_ID_RANDOM_BYTES)
+        if idempotency_key:
+            # The record shares the key's slot on a cluster (protocol.keys, JOB_TAG).
+            tag = idempotency_tag_bytes(name, idempotency_key)
+            random = tag + random[len(tag) :]
+        job_id = new_job_id(self.clock.now_ms(), random)
         ttl_ms = self.settings.job_ttl_s * 1000
         trace = REQUEST_TRACE.get()
         trace.since_start("receive and validate")
@@ -200,16 +214,94 @@ class JobService:
         replacing: bytes,
         ttl_ms: int,
     ) -> bytes | None:
-        """Write the record, enqueue the job and claim the key, atomically (``SUBMIT_SCRIPT``).
-        None when queued; else the value of the key, which names an earlier job."""
-        keys = [self.keys.job(record.id), self.keys.stream(record.model, lane)]
-        if idem is not None:
-            keys.append(idem)
-        fields = [item for pair in record.to_fields().items() for item in pair]
-        reply = await self._submit(
-            keys=keys, args=[ttl_ms, FIELD, request.encode(), value, replacing, *fields]
+        """Write the record, enqueue the job and claim the key. None when queued; else the
+        value of the key, which names an earlier job.
+
+        One Redis: one atomic step (``SUBMIT_SCRIPT``). A Redis Cluster keeps the request stream
+        in another slot than the record and the key, which one script cannot reach together:
+        there the record and the key are written first, atomically (``RESERVE_SCRIPT``), the
+        request is queued second, and if that fails both are taken back (``UNDO_SCRIPT``), so a
+        job that was never queued is not shown for long. A replay arriving between the two
+        steps gets the job that the first step is about to queue.
+
+        Under ``--job-durability replicated`` each step ends with ``WAIT 1`` on the connection
+        (and node) that wrote it: the job is accepted only once a replica has all of it."""
+        key = self.keys.job(record.id)
+        stream = self.keys.stream(
+            record.model, lane, self.inference.partition(record.model, self._partitions(record))
         )
-        return None if reply[0] == 0 else cast(bytes, reply[1])
+        fields = [item for pair in record.to_fields().items() for item in pair]
+        replicated = self.settings.job_durability == "replicated"
+        if not self.cluster:
+            keys = [key, stream, *([idem] if idem is not None else [])]
+            pipe = self._redis.pipeline(transaction=False)
+            await queue_script(
+                pipe,
+                self._submit,
+                keys,
+                [ttl_ms, FIELD, request.encode(), value, replacing, *fields],
+            )
+            if replicated:
+                pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms)
+            replies = await pipe.execute()
+            reply = replies[0]
+            if reply[0] != 0:
+                return cast(bytes, reply[1])
+            if replicated:
+                await self._confirmed(record, [replies[-1]])
+            return None
+        keys = [key, *([idem] if idem is not None else [])]
+        pipe = self._redis.pipeline(transaction=False)
+        await queue_script(pipe, self._reserve, keys, [ttl_ms, value, replacing, *fields])
+        if replicated:
+            self._wait_on(pipe, key)
+        reserved = await pipe.execute()
+        if reserved[0][0] != 0:
+            return cast(bytes, reserved[0][1])
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.xadd(stream, {FIELD: request.encode()})
+            if replicated:
+                self._wait_on(pipe, stream)
+            queued = await pipe.execute()
+        except RETRYABLE:
+            with contextlib.suppress(*RETRYABLE):
+                await self._undo(keys=keys, args=[value])
+            raise
+        if replicated:
+            await self._confirmed(record, [reserved[-1], queued[-1]])
+        return None
+
+    def _partitions(self, record: JobRecord) -> int:
+        entry = self.registry.models.get(record.model)
+        return entry.metadata.partitions if entry is not None else 1
+
+    def _wait_on(self, pipe: Any, key: str) -> None:
+        """Queue ``WAIT 1`` on the node that owns ``key`` (a cluster pipeline runs each node's
+        commands in order on one connection, so it covers the writes before it)."""
+        node = self._redis.get_node_from_key(key)  # type: ignore[attr-defined]
+        pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms, target_nodes=node)
+
+    async def _confirmed(self, record: JobRecord, acks: list[Any]) -> None:
+        """Every WAIT saw a replica; or the job is cancelled (so it never runs) and refused."""
+        if all(isinstance(n, int) and n >= 1 for n in acks):
+            return
+        log.warning(
+            "job not confirmed by a replica; cancelled (--job-durability replicated needs a "
+            "replica of every master: INFO replication, connected_slaves)",
+            job_id=record.id,
+            model=record.model,
+            wait_ms=self.settings.job_replica_wait_ms,
+        )
+        with contextlib.suppress(*RETRYABLE):
+            before = await self._move(record, JobStatus.CANCELLED)
+            if before is not None and before != JobStatus.QUEUED.value.encode():
+                return  # a worker has started it already: it runs, so it is accepted
+        raise ServiceUnavailable(
+            f"the job could not be confirmed on a replica within "
+            f"{self.settings.job_replica_wait_ms} ms, so it was not accepted; retry",
+            retry_after_s=1,
+        )
 
     async def _replay(self, model: str, key: str, earlier: bytes, value: str) -> JobRecord | None:
         """The earlier job under an Idempotency-Key, if the request is the same (422 if not);

@@ -38,9 +38,10 @@ from redis.exceptions import RedisError
 from starlette.responses import Response
 
 from protocol.keys import Keys
+from protocol.stats import StatsSnapshot
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
-from runtime.lag import LagError, collect, dead_letters
+from runtime.lag import LagError, LaneLag, collect, dead_letters
 from runtime.metrics import (
     BYTES_BUCKETS,
     LATENCY_BUCKETS,
@@ -48,6 +49,7 @@ from runtime.metrics import (
     exposition,
     new_registry,
 )
+from runtime.stats import to_lanes
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -181,6 +183,21 @@ class GatewayMetrics:
             lane,
             registry=r,
         )
+        self.model_backlog = Gauge(
+            "inferq_model_backlog",
+            "Requests queued for a model and not yet answered (lag + pending), summed over its "
+            "lanes and partitions: the signal to scale workers on (one series per model, so a "
+            "KEDA Prometheus trigger sees the total, not the largest partition).",
+            ["model"],
+            registry=r,
+        )
+        self.partition_backlog = Gauge(
+            "inferq_stream_partition_backlog",
+            "Lag + pending of one partition of a model (partitions = N in its config), summed "
+            "over its lanes; partition 0 only for unpartitioned models.",
+            ["model", "partition"],
+            registry=r,
+        )
         self.dlq_length = Gauge(
             "inferq_dlq_length",
             "Entries in a model's dead-letter stream ({ns}:dlq:{model}).",
@@ -270,8 +287,11 @@ class StreamGauges:
         *,
         interval_s: float = STREAM_REFRESH_S,
         backoff: Backoff | None = None,
+        stats: Callable[[], StatsSnapshot | None] | None = None,
     ) -> None:
         self.metrics = metrics
+        self._stats = stats
+        """The published backlog snapshot, when fresh (the registry keeps the latest)."""
         self._backoff = backoff or Backoff("stream-gauges", log, critical=False)
         self._redis = redis
         self._keys = keys
@@ -279,22 +299,39 @@ class StreamGauges:
         self.interval_s = interval_s
         self._lanes: set[tuple[str, str]] = set()
         self._models: set[str] = set()
+        self._partitions: set[tuple[str, str]] = set()
+        self._backlog_models: set[str] = set()
         self._task: asyncio.Task[None] | None = None
 
     async def refresh(self) -> None:
-        """One refresh; Redis errors propagate (``run`` counts and logs them)."""
+        """One refresh; Redis errors propagate (``run`` counts and logs them). From the
+        published snapshot (``runtime.stats``) when there is a fresh one: no Redis command."""
+        stats = self._stats() if self._stats is not None else None
+        if stats is not None:
+            self.apply(to_lanes(stats, self._keys), stats.dead_letters)
+            return
         lanes = await collect(self._redis, self._keys, self._now_ms, scan=False)
         dlq = await dead_letters(self._redis, self._keys, (lane.model for lane in lanes))
+        self.apply(lanes, dlq)
+
+    def apply(self, lanes: list[LaneLag], dlq: dict[str, int]) -> None:
+        """Set the gauges from one collection: per model and lane summed over partitions (the
+        oldest pending age and live consumers: the largest), per partition, per model."""
         m = self.metrics
-        seen: set[tuple[str, str]] = set()
+        by_lane: dict[tuple[str, str], list[LaneLag]] = {}
+        by_partition: dict[tuple[str, str], int] = {}
         for lane in lanes:
-            labels = (lane.model, lane.lane.value)
-            seen.add(labels)
-            m.stream_length.labels(*labels).set(lane.length)
-            m.stream_lag.labels(*labels).set(lane.lag)
-            m.stream_pending.labels(*labels).set(lane.pending)
-            m.stream_consumers.labels(*labels).set(lane.consumers)
-            m.stream_oldest_pending_age.labels(*labels).set((lane.oldest_pending_ms or 0) / 1000)
+            by_lane.setdefault((lane.model, lane.lane.value), []).append(lane)
+            key = (lane.model, str(lane.partition))
+            by_partition[key] = by_partition.get(key, 0) + lane.backlog
+        for labels, parts in by_lane.items():
+            m.stream_length.labels(*labels).set(sum(p.length for p in parts))
+            m.stream_lag.labels(*labels).set(sum(p.lag for p in parts))
+            m.stream_pending.labels(*labels).set(sum(p.pending for p in parts))
+            m.stream_consumers.labels(*labels).set(max(p.consumers for p in parts))
+            oldest = max((p.oldest_pending_ms or 0) for p in parts)
+            m.stream_oldest_pending_age.labels(*labels).set(oldest / 1000)
+        seen = set(by_lane)
         for labels in self._lanes - seen:
             for gauge in (
                 m.stream_length,
@@ -304,11 +341,23 @@ class StreamGauges:
                 m.stream_oldest_pending_age,
             ):
                 gauge.remove(*labels)
+        for (model, partition), backlog in by_partition.items():
+            m.partition_backlog.labels(model, partition).set(backlog)
+        for labels in self._partitions - set(by_partition):
+            m.partition_backlog.remove(*labels)
+        models = {model for model, _ in by_lane}
+        for model in models:
+            m.model_backlog.labels(model).set(
+                sum(b for (name, _), b in by_partition.items() if name == model)
+            )
+        for model in self._backlog_models - models:
+            m.model_backlog.remove(model)
         for model, length in dlq.items():
             m.dlq_length.labels(model).set(length)
         for model in self._models - set(dlq):
             m.dlq_length.remove(model)
         self._lanes, self._models = seen, set(dlq)
+        self._partitions, self._backlog_models = set(by_partition), models
         m.stream_refreshed.set(time.time())
 
     async def run(self) -> None:

@@ -4,12 +4,18 @@ Refreshed on a schedule (one ``ZRANGEBYSCORE`` of live workers and one ``MGET`` 
 advertisements; also Redis's ``maxmemory-policy``, see ``runtime.eviction``), never per
 request. A model is *known* if any worker ever published it (the ``models`` hash), and
 *available* while at least one live worker serves it.
+
+Each model's backlog (admission control) comes from the snapshot one elected gateway publishes
+(``runtime.stats``), read in the same round trip: its cost does not grow with the number of
+gateways. Only while no fresh snapshot exists does a refresh ask ``XLEN`` and ``XINFO GROUPS`` of
+every stream itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
@@ -22,11 +28,13 @@ from protocol.control import LoadReport, VersionPolicy, version_order
 from protocol.envelope import decode_hash
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
 from protocol.registry import ModelMetadata, WorkerInfo
+from protocol.stats import StatsSnapshot
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.connections import RedisClock
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
+from runtime.stats import STALE_AFTER_INTERVALS, decode_snapshot
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -118,14 +126,19 @@ class ModelRegistry:
         self._known: dict[str, ModelMetadata] = {}
         self._policies: dict[str, VersionPolicy] = {}
         self._backlog: dict[tuple[str, Lane], int] = {}
-        self._queued_since: dict[str, int] = {}
+        self._queued_since: dict[str, deque[int]] = {}
+        """Per model, when (Redis clock) this gateway queued each request not yet counted by
+        the backlog it last took (the snapshot may be older than the refresh that read it)."""
+        self.stats: StatsSnapshot | None = None
+        """The backlog snapshot the elected gateway publishes (``runtime.stats``), as of the
+        last refresh; None when there is none or it is stale."""
 
     def backlog(self, model: str, through: Lane = Lane.LOW) -> int:
         """Requests queued for the model in ``through``'s lane and the lanes above it, not yet
         read by any worker: the consumer group's lag at the last refresh, plus what this
         gateway queued since."""
         lanes = LANES_BY_PRIORITY[: LANES_BY_PRIORITY.index(through) + 1]
-        since = self._queued_since.get(model, 0)
+        since = len(self._queued_since.get(model, ()))
         return sum(self._backlog.get((model, lane), 0) for lane in lanes) + since
 
     def apply_policy(self, model: str, policy: VersionPolicy) -> None:
@@ -139,7 +152,7 @@ class ModelRegistry:
         return self._workers
 
     def note_queued(self, model: str) -> None:
-        self._queued_since[model] = self._queued_since.get(model, 0) + 1
+        self._queued_since.setdefault(model, deque()).append(self._clock.now_ms())
 
     @property
     def live_workers(self) -> int:
@@ -156,6 +169,7 @@ class ModelRegistry:
                 )
                 pipe = self._redis.pipeline(transaction=False)
                 queue_snapshot(pipe, self._keys, ids)
+                pipe.get(self._keys.stats)
                 replies = await pipe.execute()
                 if self._eviction is not None:
                     await self._eviction.refresh(self._redis)
@@ -166,31 +180,65 @@ class ModelRegistry:
             self._backoff.succeeded()
             self.redis_ok = True
             self._last_refresh = time.monotonic()
-            workers, known, policies = parse_snapshot(ids, replies)
+            workers, known, policies = parse_snapshot(ids, replies[:-1])
             # Models are never removed from the models hash, so one gone from it was lost with
             # Redis's data (evicted, or a restart): still known here, served once workers are.
             known = {**self._known, **known}
             self._workers, self._known, self._policies = workers, known, policies
             self.models = merge(workers, known, policies)
-            self._queued_since = {}
-            await self._refresh_backlog()
+            stats = decode_snapshot(replies[-1])
+            if stats is not None and stats.fresh(self._clock.now_ms(), self._stale_after_ms):
+                self.accept_stats(stats)
+            else:
+                # Nobody publishes (this gateway is starting, or the refresher just moved):
+                # ask Redis directly, as every gateway once did each refresh.
+                self.stats = None
+                self._counted_until(self._clock.now_ms())
+                await self._refresh_backlog()
+
+    @property
+    def _stale_after_ms(self) -> int:
+        return int(self._refresh_s * 1000 * STALE_AFTER_INTERVALS)
+
+    def _counted_until(self, sampled_ms: int) -> None:
+        """Requests this gateway queued up to ``sampled_ms`` are in the backlog now."""
+        for queued in self._queued_since.values():
+            while queued and queued[0] <= sampled_ms:
+                queued.popleft()
+
+    def accept_stats(self, stats: StatsSnapshot) -> None:
+        """Take the backlog from a published snapshot (read at a refresh, or just published
+        by this gateway's own refresher)."""
+        backlog: dict[tuple[str, Lane], int] = {}
+        for row in stats.lanes:
+            try:
+                key = (row.model, Lane(row.lane))
+            except ValueError:
+                continue
+            backlog[key] = backlog.get(key, 0) + row.lag
+        self.stats = stats
+        self._backlog = backlog
+        self._counted_until(stats.sampled_ms)
 
     async def _refresh_backlog(self) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        names = sorted(self.models)
-        for name in names:
-            for stream in self._keys.streams(name):
-                pipe.xlen(stream)
-                pipe.xinfo_groups(stream)
+        streams: list[tuple[str, Lane]] = []
+        for name in sorted(self.models):
+            partitions = self.models[name].metadata.partitions
+            for p in range(partitions):
+                for lane in LANES_BY_PRIORITY:
+                    streams.append((name, lane))
+                    stream = self._keys.stream(name, lane, p)
+                    pipe.xlen(stream)
+                    pipe.xinfo_groups(stream)
         try:
             replies = await pipe.execute(raise_on_error=False)
         except RETRYABLE:
             return
         backlog: dict[tuple[str, Lane], int] = {}
-        for i, name in enumerate(names):
-            for j, lane in enumerate(LANES_BY_PRIORITY):
-                length, groups = replies[2 * (i * 3 + j)], replies[2 * (i * 3 + j) + 1]
-                backlog[(name, lane)] = _lag(length, groups)
+        for i, key in enumerate(streams):
+            length, groups = replies[2 * i], replies[2 * i + 1]
+            backlog[key] = backlog.get(key, 0) + _lag(length, groups)
         self._backlog = backlog
 
     async def run(self) -> None:
@@ -230,7 +278,9 @@ def queue_snapshot(pipe: Any, keys: Keys, ids: list[bytes]) -> None:
     workers' advertisements (``ids`` from ZRANGEBYSCORE of ``keys.workers``), the committed
     policies and the last-known metadata."""
     if ids:
-        pipe.mget([keys.worker(i.decode()) for i in ids])
+        # execute_command: redis-py refuses pipe.mget on a cluster, though these keys share the
+        # control plane's slot (see protocol.keys), which is all MGET needs there.
+        pipe.execute_command("MGET", *(keys.worker(i.decode()) for i in ids))
     pipe.hgetall(keys.policies)
     pipe.hgetall(keys.models)
 

@@ -15,6 +15,11 @@ their health to readiness. The keepalive notices when the stream it keeps alive 
 it and sweeps the waiting requests at once (``producer.losses``), answering those whose results
 are stored and failing those Redis lost. Every keepalive also sweeps, so requests whose entries
 vanished from a request stream are failed within two heartbeats rather than at their deadline.
+
+Job events (``Keys.job_events``, which every gateway reads to wake its long polls) ride in the
+same ``XREAD`` on one Redis. On a Redis Cluster the two streams sit in different slots, which one
+command cannot read together, so ``run_job_events`` reads them in a second loop (a second
+blocking connection per gateway: still O(1)).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ log = structlog.get_logger("inferq.gateway")
 
 TRIM_EVERY = 1000
 TRIM_INTERVAL_S = 1.0
+EVENTS_START_POLL_S = 0.1
 LOST = (
     "Redis lost the request before a worker answered it (Redis restarted without its data, or "
     "evicted or trimmed the request stream); it may not have run. Retry it"
@@ -60,9 +66,11 @@ class ReplyListener:
         block_ms: int,
         ttl_s: float,
         job_events: str | None = None,
+        separate_job_events: bool = False,
         count: int = 1000,
         reads: Backoff | None = None,
         keepalives: Backoff | None = None,
+        events: Backoff | None = None,
     ) -> None:
         self._reader = reader
         self._commands = commands
@@ -75,10 +83,13 @@ class ReplyListener:
         self._made = False
         """Whether this listener's stream has existed (so a missing one means it was lost)."""
         self.job_events = job_events
+        self.separate_job_events = separate_job_events
+        """Read job events in ``run_job_events`` instead of with the replies (a cluster)."""
         self._events_id: str | None = None
         self._job_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._reads = reads or Backoff("replies", log)
         self._keepalives = keepalives or Backoff("reply-keepalive", log)
+        self._events = events or Backoff("job-events", log)
         self.losses = 0
         """Times the reply stream was found gone."""
         self.lost = 0
@@ -211,7 +222,11 @@ class ReplyListener:
                 if trim:
                     pipe.xtrim(self.key, minid=next_id(self._last_id), approximate=False)
                 streams = {self.key: self._last_id}
-                if self.job_events is not None and self._events_id is not None:
+                if (
+                    self.job_events is not None
+                    and self._events_id is not None
+                    and not self.separate_job_events
+                ):
                     streams[self.job_events] = self._events_id
                 pipe.xread(cast(Any, streams), count=self._count, block=self._block_ms)
                 replies = await pipe.execute()
@@ -232,6 +247,26 @@ class ReplyListener:
                     self._last_id = text(entry_id)
                     unread_trimmed += 1
                     self._resolve(fields)
+
+    async def run_job_events(self) -> None:
+        """Read the job events stream alone (on a cluster; see the module docstring)."""
+        while not cancelling() and self.job_events is not None:
+            if self._events_id is None:
+                # The first keepalive finds where to start; until then there is nothing to read.
+                await asyncio.sleep(EVENTS_START_POLL_S)
+                continue
+            try:
+                reply: Any = await self._reader.xread(
+                    {self.job_events: self._events_id}, count=self._count, block=self._block_ms
+                )
+            except RETRYABLE as e:
+                await self._events.failed(e)
+                continue
+            self._events.succeeded()
+            for _, entries in reply or []:
+                self._events_id = text(entries[-1][0])
+                for _, fields in entries:
+                    self._job_changed(fields)
 
     def _job_changed(self, fields: dict[Any, Any]) -> None:
         job_id = fields.get(JOB_EVENT_FIELD)

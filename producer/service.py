@@ -121,6 +121,7 @@ class InferenceService:
         """Requests per model this gateway has queued and still waits on."""
         self._ids = itertools.count()
         self.router = VersionRouter()
+        self._partition_turn: dict[str, int] = {}
         self.inflight = InflightBytes(settings.max_inflight_bytes)
         self._in_flight: dict[str, InFlight] = {}
         self._watchers: dict[str, asyncio.Task[None]] = {}
@@ -261,7 +262,7 @@ class InferenceService:
         future = self.replies.expect(request_id)
         self._in_flight[request_id] = InFlight(name, request.deadline_ms, future)
         self.waiting[name] += 1
-        stream = self.keys.stream(name, lane)
+        stream = self.keys.stream(name, lane, self.partition(name, meta.partitions))
         watch: asyncio.TimerHandle | None = None
         try:
             entry_id = await self._redis("XADD", stream, "*", FIELD, request.encode(), model=name)
@@ -303,6 +304,15 @@ class InferenceService:
             self.waiting[name] -= 1
         self._observe(name, result)
         return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
+
+    def partition(self, model: str, partitions: int) -> int:
+        """The partition a request goes to: each in turn (round-robin per gateway), so a model
+        with ``partitions = N`` spreads its load over N request streams, N slots of a cluster."""
+        if partitions <= 1:
+            return 0
+        turn = (self._partition_turn.get(model, -1) + 1) % partitions
+        self._partition_turn[model] = turn
+        return turn
 
     def abandon(self, request_id: str) -> bool:
         """The caller of a queued request has gone (an HTTP client hung up, a gRPC call was

@@ -13,6 +13,8 @@ from runtime.argtypes import non_negative_float, port_or_off, positive_float, po
 from runtime.options import option
 from runtime.settings import ConnectionSettings
 
+JOB_DURABILITY = ("async", "replicated")
+
 
 def default_gateway_id() -> str:
     return secrets.token_hex(6)
@@ -116,6 +118,18 @@ class GatewaySettings(ConnectionSettings):
         parse=non_negative_float,
         help="longest long poll on GET /v2/jobs/{id}?wait=",
     )
+    job_durability: str = option(
+        "async",
+        flag="--job-durability",
+        env="INFERQ_JOB_DURABILITY",
+        choices=JOB_DURABILITY,
+        help="async: a job is accepted (202) once Redis has it, as fast as it gets; replicated: "
+        "only once WAIT confirms at least one replica has the job's record and its request, "
+        "so a master failing right after cannot lose it (needs replicas)",
+    )
+    job_replica_wait_ms: int = 1000
+    """Under ``job_durability = "replicated"``: how long a submission waits for a replica to
+    confirm; unconfirmed, the job is cancelled and the client gets 503."""
     stream_gauges_s: float = 5.0
     """How often the stream gauges (length, lag, pending, ...) are refreshed from Redis."""
     admin_token: str | None = option(

@@ -8,7 +8,8 @@ package does I/O.
 
 from protocol.errors import ProtocolError, VersionMismatch
 
-PROTOCOL_VERSION = 1
-"""Bumped on any incompatible change to a message; every message carries it."""
+PROTOCOL_VERSION = 2
+"""Bumped on any incompatible change to a message or to the key layout; every message carries
+it. 2: hash-tagged keys for Redis Cluster, model partitions."""
 
 __all__ = ["PROTOCOL_VERSION", "ProtocolError", "VersionMismatch"]

@@ -90,6 +90,40 @@ return {0}
 """
 
 
+RESERVE_SCRIPT = """#!lua
+-- Redis Cluster's first step of a submission: the record and the Idempotency-Key (one slot:
+-- the job id carries the key's hash tag, see protocol.keys), written together or not at all.
+-- The request stream lives in another slot, so the enqueue follows as a second step, and
+-- UNDO_SCRIPT takes both back if it fails.
+-- KEYS[1]: the job record, KEYS[2] (optional): the idempotency key.
+-- ARGV[1]: TTL (ms), ARGV[2]: the idempotency value, ARGV[3]: a value to replace ('' for none),
+-- ARGV[4..]: the record's field/value pairs.
+-- Returns {0} when written, or {1, value} when the key names an earlier job (nothing written).
+if KEYS[2] then
+  local earlier = redis.call('GET', KEYS[2])
+  if earlier and earlier ~= ARGV[3] then
+    return {1, earlier}
+  end
+end
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+if KEYS[2] then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[1])
+end
+return {0}
+"""
+
+UNDO_SCRIPT = """
+-- Take back a RESERVE_SCRIPT whose enqueue failed. KEYS[1]: the job record, KEYS[2]
+-- (optional): the idempotency key, deleted only while it still names this job (ARGV[1]).
+redis.call('DEL', KEYS[1])
+if KEYS[2] and redis.call('GET', KEYS[2]) == ARGV[1] then
+  redis.call('DEL', KEYS[2])
+end
+return 0
+"""
+
+
 def idempotency_value(job_id: str, request_digest: str) -> str:
     """What an idempotency key stores: the job it made and a digest of the request that made it,
     so that the key's reuse with a different request is recognised."""

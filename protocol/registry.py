@@ -13,6 +13,7 @@ from typing import Any
 from protocol.control import check_weights
 from protocol.envelope import pack, unpack
 from protocol.errors import ProtocolError
+from protocol.keys import MAX_PARTITIONS
 from protocol.tensor import DATATYPES
 
 
@@ -61,6 +62,9 @@ class ModelMetadata:
     cache_ttl_s: int
     weights: dict[str, float] = field(default_factory=dict)
     """The repository config's traffic weights per version (empty: all to the default)."""
+    partitions: int = 1
+    """Request streams per lane (``Keys.stream(model, lane, partition)``); gateways spread
+    requests over them."""
 
     def wire(self) -> list[Any]:
         return [
@@ -75,13 +79,19 @@ class ModelMetadata:
             self.cache_enabled,
             self.cache_ttl_s,
             self.weights,
+            self.partitions,
         ]
 
     @classmethod
     def from_wire(cls, item: Any) -> ModelMetadata:
-        if not (isinstance(item, list) and len(item) == 11):
-            raise ProtocolError("model metadata is not an 11-field list")
-        name, versions, default, platform, inputs, outputs, mb, timeout, cache, ttl, weights = item
+        if not (isinstance(item, list) and len(item) == 12):
+            raise ProtocolError("model metadata is not a 12-field list")
+        name, versions, default, platform, inputs, outputs, mb, timeout, cache, ttl, weights = item[
+            :11
+        ]
+        partitions = item[11]
+        if not _is_int(partitions) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise ProtocolError(f"model {name!r}: partitions must be 1 to {MAX_PARTITIONS}")
         if not isinstance(weights, dict):
             raise ProtocolError(f"model {name!r}: weights must be a map")
         if not isinstance(name, str) or not isinstance(versions, list):
@@ -106,6 +116,7 @@ class ModelMetadata:
             cache_enabled=cache,
             cache_ttl_s=ttl,
             weights=check_weights(weights, what=f"model {name} weights") if weights else {},
+            partitions=partitions,
         )
 
     def encode(self) -> bytes:

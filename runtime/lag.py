@@ -1,16 +1,17 @@
 """The backlog of every model's request streams, read from Redis: what the gateway's stream
 gauges and ``inferq lag`` both show.
 
-One ``LaneLag`` per model and lane (``{ns}:stream:{model}:{high|normal|low}``, consumer group
-``workers``): LENGTH (``XLEN``), LAG (entries no worker has read; Redis 7's ``XINFO GROUPS``
-``lag``, else worked out another way and marked estimated, see ``LagSource``), PENDING (read by a
-worker and not yet acknowledged), CONSUMERS (live workers in the group) and the age of the oldest
-pending entry. ``DrainEstimator`` turns two samples into drain rates and an ETA.
+One ``LaneLag`` per model, partition and lane (``Keys.stream(model, lane, partition)``, consumer
+group ``workers``; a model has one partition unless its config says ``partitions = N``):
+LENGTH (``XLEN``), LAG (entries no worker has read; Redis 7's ``XINFO GROUPS`` ``lag``, else
+worked out another way and marked estimated, see ``LagSource``), PENDING (read by a worker and
+not yet acknowledged), CONSUMERS (live workers in the group) and the age of the oldest pending
+entry. ``DrainEstimator`` turns two samples into drain rates and an ETA.
 
-Models come from the ``{ns}:models`` hash and, unless ``scan=False``, from a ``SCAN`` for
-``{ns}:stream:*`` keys. One collection costs two or three round trips: discovery, one pipeline of
-``TIME``, the workers zset and four commands per stream, and ``XINFO STREAM`` only for streams
-whose lag Redis could not give.
+Models (and their partitions) come from the ``{ns}:models`` hash and, unless ``scan=False``,
+from a ``SCAN`` for ``{ns}:stream:*`` keys (on a cluster, of every master). One collection
+costs two or three round trips: discovery, one pipeline of ``TIME``, the workers zset and four
+commands per stream, and ``XINFO STREAM`` only for streams whose lag Redis could not give.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from protocol import ProtocolError
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name, text
+from protocol.registry import ModelMetadata
 
 
 class LagError(Exception):
@@ -75,6 +78,7 @@ class LaneLag:
     """The group's entries-read counter (Redis 7); None when Redis cannot tell."""
     sampled_ms: int
     """Redis-clock time of the sample."""
+    partition: int = 0
 
     @property
     def backlog(self) -> int:
@@ -106,12 +110,13 @@ class DrainEstimator:
     """
 
     def __init__(self) -> None:
-        self._last: dict[tuple[str, Lane], LaneLag] = {}
+        self._last: dict[tuple[str, Lane, int], LaneLag] = {}
 
-    def update(self, lanes: Iterable[LaneLag]) -> dict[tuple[str, Lane], Drain]:
-        drains: dict[tuple[str, Lane], Drain] = {}
+    def update(self, lanes: Iterable[LaneLag]) -> dict[tuple[str, Lane, int], Drain]:
+        """Drains keyed by (model, lane, partition)."""
+        drains: dict[tuple[str, Lane, int], Drain] = {}
         for lane in lanes:
-            key = (lane.model, lane.lane)
+            key = (lane.model, lane.lane, lane.partition)
             before = self._last.get(key)
             self._last[key] = lane
             if before is None:
@@ -182,14 +187,30 @@ async def discover_models(redis: aioredis.Redis, keys: Keys, *, scan: bool = Tru
     ``SCAN`` walks the whole keyspace (result and cache keys included), so the periodic gauges
     skip it: every model the gateway accepts requests for is in the hash anyway.
     """
-    names = {text(n) for n in await redis.hkeys(keys.models)}
+    return sorted(await discover_partitions(redis, keys, scan=scan))
+
+
+async def discover_partitions(
+    redis: aioredis.Redis, keys: Keys, *, scan: bool = True
+) -> dict[str, int]:
+    """Model name -> partitions: what the last published metadata says, or more where ``scan``
+    finds streams of higher partitions (a model whose partitions were reduced)."""
+    raw = await redis.hgetall(keys.models)
+    found: dict[str, int] = {}
+    for name, value in raw.items():
+        model = text(name)
+        try:
+            raw_meta = value if isinstance(value, bytes) else str(value).encode()
+            found[model] = ModelMetadata.decode(raw_meta).partitions
+        except ProtocolError:
+            found[model] = 1
     if scan:
         pattern = _glob_escape(f"{keys.namespace}:stream:") + "*"
         async for key in redis.scan_iter(match=pattern, count=1000, _type="stream"):
-            parsed = keys.parse_stream(text(key))
+            parsed = keys.parse_stream_key(text(key))
             if parsed is not None:
-                names.add(parsed[0])
-    return sorted(n for n in names if is_valid_name(n))
+                found[parsed.model] = max(found.get(parsed.model, 1), parsed.partition + 1)
+    return {n: p for n, p in sorted(found.items()) if is_valid_name(n)}
 
 
 async def collect(
@@ -198,35 +219,48 @@ async def collect(
     clock_now_ms: Callable[[], int] | None = None,
     *,
     scan: bool = True,
-    models: Sequence[str] | None = None,
+    models: Sequence[str] | Mapping[str, int] | None = None,
+    detail: bool = True,
 ) -> list[LaneLag]:
-    """One ``LaneLag`` per lane of every model (discovered unless ``models`` is given).
+    """One ``LaneLag`` per lane and partition of every model (discovered unless ``models``, a
+    list of names or a map of name to partitions, is given).
 
     ``clock_now_ms`` gives the Redis clock (``RedisClock.now_ms`` in a gateway, a fixed value
-    in tests); without it the collector uses Redis ``TIME`` from the same round trip. Connection
+    in tests); without it the collector uses Redis ``TIME`` from the same round trip. Without
+    ``detail`` it asks only ``XLEN`` and ``XINFO GROUPS`` (two commands a stream instead of
+    four): pending counts come from the group, live consumers and pending ages are left at 0
+    and None. Connection
     errors propagate; a reply it cannot read raises ``LagError``.
     """
     if models is None:
-        models = await discover_models(redis, keys, scan=scan)
+        models = await discover_partitions(redis, keys, scan=scan)
     if not models:
         return []
-    lanes = [(m, lane, keys.stream(m, lane)) for m in models for lane in LANES_BY_PRIORITY]
+    counts = dict(models) if isinstance(models, Mapping) else dict.fromkeys(models, 1)
+    lanes = [
+        (m, lane, p, keys.stream(m, lane, p))
+        for m, partitions in counts.items()
+        for p in range(partitions)
+        for lane in LANES_BY_PRIORITY
+    ]
     pipe = redis.pipeline(transaction=False)
-    pipe.time()
+    pipe.execute_command("TIME")  # pipe.time() is refused on a cluster pipeline
     pipe.zrange(keys.workers, 0, -1, withscores=True)
-    for _, _, stream in lanes:
+    per = 4 if detail else 2
+    for _, _, _, stream in lanes:
         pipe.xlen(stream)
         pipe.xinfo_groups(stream)
-        pipe.xpending(stream, GROUP)
-        pipe.xinfo_consumers(stream, GROUP)
+        if detail:
+            pipe.xpending(stream, GROUP)
+            pipe.xinfo_consumers(stream, GROUP)
     replies = await pipe.execute(raise_on_error=False)
     seconds, micros = _checked(replies[0], "TIME")
     now = clock_now_ms() if clock_now_ms else int(seconds) * 1000 + int(micros) // 1000
     live = {text(w) for w, expiry in _checked(replies[1], keys.workers) if expiry >= now}
     rows: list[LaneLag] = []
     unknown: dict[int, Any] = {}  # row index -> last-delivered id, where Redis gave no lag
-    for i, (model, lane, stream) in enumerate(lanes):
-        length_reply, groups, pending, consumers = replies[2 + 4 * i : 6 + 4 * i]
+    for i, (model, lane, partition, stream) in enumerate(lanes):
+        length_reply, groups, *details = replies[2 + per * i : 2 + per * (i + 1)]
         length = int(_checked(length_reply, f"XLEN {stream}"))
         group = None
         if not _missing(groups):
@@ -247,12 +281,22 @@ async def collect(
                     oldest_pending_ms=None,
                     entries_read=None,
                     sampled_ms=now,
+                    partition=partition,
                 )
             )
             continue
-        summary = _checked(pending, f"XPENDING {stream}")
-        members = [] if _missing(consumers) else _checked(consumers, f"XINFO CONSUMERS {stream}")
-        oldest = summary["min"]
+        if detail:
+            pending, consumers = details
+            summary = _checked(pending, f"XPENDING {stream}")
+            members = (
+                [] if _missing(consumers) else _checked(consumers, f"XINFO CONSUMERS {stream}")
+            )
+            oldest = summary["min"]
+            pending_count, registered = int(summary["pending"]), len(members)
+        else:
+            members, oldest = [], None
+            pending_count = int(group.get("pending") or 0)
+            registered = int(group.get("consumers") or 0)
         lag = group.get("lag")
         entries_read = group.get("entries-read")
         if lag is None:
@@ -265,12 +309,13 @@ async def collect(
                 length=length,
                 lag=int(lag) if lag is not None else 0,
                 lag_source=LagSource.XINFO,
-                pending=int(summary["pending"]),
+                pending=pending_count,
                 consumers=sum(1 for c in members if text(c["name"]) in live),
-                consumers_registered=len(members),
+                consumers_registered=registered,
                 oldest_pending_ms=max(0, now - _id_ms(oldest)) if oldest is not None else None,
                 entries_read=int(entries_read) if entries_read is not None else None,
                 sampled_ms=now,
+                partition=partition,
             )
         )
     if unknown:
@@ -323,7 +368,7 @@ async def dead_letters(redis: aioredis.Redis, keys: Keys, models: Iterable[str])
 
 @dataclass(frozen=True, slots=True)
 class ModelLag:
-    """One model's lanes summed (consumers: the most live in any lane)."""
+    """One model's lanes and partitions summed (consumers: the most live in any lane)."""
 
     model: str
     length: int

@@ -79,6 +79,7 @@ def write_simulated_model(
     flush_ms: float = 2.0,
     cache: bool = False,
     failure_rate: float = 0.0,
+    partitions: int = 1,
     executions_dir: Path | None = None,
 ) -> None:
     """A simulated model (``consumer/backends/simulated.py``): input ``x`` [-1, 4], output
@@ -91,6 +92,7 @@ def write_simulated_model(
 max_batch = {max_batch}
 flush_ms = {flush_ms}
 default_timeout_ms = 10000
+partitions = {partitions}
 
 [cache]
 enabled = {"true" if cache else "false"}
@@ -200,6 +202,11 @@ class WorkerThread:
             yield
         finally:
             gate.set()
+
+    @property
+    def running(self) -> bool:
+        """Started and not ended (a crashed worker task stops the worker, ending the thread)."""
+        return self.worker.started.is_set() and self._thread.is_alive()
 
     @property
     def stats(self) -> Any:

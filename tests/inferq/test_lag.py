@@ -117,8 +117,8 @@ def test_consumers_counts_only_group_members_with_a_current_heartbeat(r, keys, r
 def test_models_come_from_the_registry_hash_and_from_existing_streams(r, keys, redis_url):
     r.hset(keys.models, "known", b"metadata")
     r.xadd(keys.stream("queued-only", Lane.LOW), {b"m": b"x"})
-    r.set(f"{keys.namespace}:stream:not-a-stream:normal", b"x")
-    r.xadd(f"{keys.namespace}-other:stream:elsewhere:normal", {b"m": b"x"})
+    r.set(f"{keys.namespace}:stream:{{not-a-stream}}:normal", b"x")
+    r.xadd(Keys(f"{keys.namespace}-other").stream("elsewhere", Lane.NORMAL), {b"m": b"x"})
 
     assert {row.model for row in run_collect(redis_url, keys)} == {"known", "queued-only"}
     assert {row.model for row in run_collect(redis_url, keys, scan=False)} == {"known"}
@@ -229,8 +229,8 @@ def test_the_estimator_pairs_each_lane_with_its_previous_sample():
     estimator = DrainEstimator()
     assert estimator.update([sample(0, read=0, lag=40)]) == {}
     drains = estimator.update([sample(1_000, read=20, lag=20)])
-    assert drains[("m", Lane.NORMAL)].read_per_s == 20.0
-    assert drains[("m", Lane.NORMAL)].eta_s == 1.0
+    assert drains[("m", Lane.NORMAL, 0)].read_per_s == 20.0
+    assert drains[("m", Lane.NORMAL, 0)].eta_s == 1.0
 
 
 # -- the subcommand ----------------------------------------------------------------------------
@@ -332,7 +332,7 @@ def test_the_table_reads_like_kafka_consumer_groups_describe(r, keys, redis_url,
     assert [row[:2] for row in rows] == [["m", "high"], ["m", "normal"], ["m", "low"]]
     assert rows[1][2:6] == ["3", "~3", "1", "4"]  # no lag from Redis after a deletion: marked
     assert any(line.startswith("~ lag estimated") for line in out)
-    assert f"dead letters: m 1 ({keys.namespace}:dlq:m)" in out
+    assert f"dead letters: m 1 ({keys.dlq('m')})" in out
 
 
 def test_watch_prints_one_json_document_per_refresh(r, keys, redis_url, cli, capsys):

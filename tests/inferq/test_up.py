@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from inferq.redisserver import free_port
-from protocol.keys import Keys
+from protocol.keys import Keys, hash_tag
 from tests.support import sim_body, wait_until
 from tests.upstack import UpProcess, up_processes
 
@@ -60,11 +60,11 @@ def _fresh_connections(url: str, n: int, offset: int = 0) -> list[bool]:
 
 def _replies_per_gateway(redis_url: str, namespace: str) -> dict[str, int]:
     """Entries ever added to each gateway's reply stream (results and a few keepalives)."""
-    prefix = Keys(namespace).replies("")
+    keys = Keys(namespace)
     with redis.Redis.from_url(redis_url) as r:
         return {
-            key.decode().removeprefix(prefix): int(r.xinfo_stream(key)["entries-added"])
-            for key in r.scan_iter(match=f"{prefix}*", _type="stream")
+            hash_tag(key.decode()): int(r.xinfo_stream(key)["entries-added"])
+            for key in r.scan_iter(match=keys.replies_pattern, _type="stream")
         }
 
 

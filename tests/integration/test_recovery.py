@@ -68,7 +68,7 @@ def test_an_entry_delivered_too_often_is_dead_lettered_and_its_caller_answered(
     stack, redis_url, namespace
 ):
     keys = Keys(namespace)
-    reply_to = f"{namespace}:replies:test"
+    reply_to = Keys(namespace).replies("test")
     with redis.Redis.from_url(redis_url) as r:
         r.xadd(reply_to, {b"keepalive": b"1"})
         stream = _queue_and_strand(r, keys, ["poison"], reply_to=reply_to)

@@ -44,6 +44,8 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_stream_consumers": ("gauge", ("model", "lane")),
     "inferq_stream_oldest_pending_age_seconds": ("gauge", ("model", "lane")),
     "inferq_dlq_length": ("gauge", ("model",)),
+    "inferq_model_backlog": ("gauge", ("model",)),
+    "inferq_stream_partition_backlog": ("gauge", ("model", "partition")),
     "inferq_stream_gauges_last_refresh_timestamp_seconds": ("gauge", ()),
     "inferq_stream_gauges_refresh_failures_total": ("counter", ()),
     # Declared once in runtime.metrics.RuntimeGauges, exported by workers too.

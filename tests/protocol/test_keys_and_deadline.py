@@ -16,7 +16,20 @@ from protocol.deadline import (
     redis_time_ms,
     remaining_ms,
 )
-from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name
+from protocol.jobs import JOB_ID_RANDOM_BYTES, new_job_id
+from protocol.keys import (
+    GROUP,
+    JOB_TAG_CHARS,
+    LANES_BY_PRIORITY,
+    Keys,
+    Lane,
+    StreamKey,
+    hash_tag,
+    idempotency_tag,
+    idempotency_tag_bytes,
+    is_valid_name,
+    job_tag,
+)
 from protocol.tensor import Tensor, pack_bytes_elements
 
 # --------------------------------------------------------------------------------------------
@@ -27,6 +40,7 @@ def _every_key(keys: Keys) -> list[str]:
     return [
         keys.stream("digits", Lane.NORMAL),
         *keys.streams("digits"),
+        keys.stream("digits", Lane.NORMAL, 1),
         keys.replies("gw-1"),
         keys.result("abc"),
         keys.cache("digits", "1", "d1g3st"),
@@ -37,6 +51,14 @@ def _every_key(keys: Keys) -> list[str]:
         keys.idempotency("m1", "k1"),
         keys.job_events,
         keys.dlq("digits"),
+        keys.control,
+        keys.control_reply("c1"),
+        keys.policies,
+        keys.policy_generation,
+        keys.model_status("digits"),
+        keys.model_lock("digits"),
+        keys.stats,
+        keys.stats_lease,
     ]
 
 
@@ -49,16 +71,19 @@ def test_every_key_lives_under_the_namespace(namespace: str) -> None:
 
 def test_keys_follow_the_documented_layout() -> None:
     keys = Keys()
-    assert keys.stream("digits", Lane.HIGH) == "inferq:stream:digits:high"
-    assert keys.replies("gw") == "inferq:replies:gw"
+    assert keys.stream("digits", Lane.HIGH) == "inferq:stream:{digits}:high"
+    assert keys.stream("digits", Lane.LOW, 2) == "inferq:stream:{digits:2}:low"
+    assert keys.replies("gw") == "inferq:replies:{gw}"
     assert keys.result("r") == "inferq:result:r"
     assert keys.cache("m", "2", "ff") == "inferq:cache:m:2:ff"
-    assert keys.workers == "inferq:workers"
-    assert keys.worker("w") == "inferq:worker:w"
-    assert keys.models == "inferq:models"
-    assert keys.job("j") == "inferq:job:j"
-    assert keys.idempotency("m", "i") == "inferq:idempotency:m:i"
-    assert keys.dlq("m") == "inferq:dlq:m"
+    assert keys.workers == "inferq:{inferq}:workers"
+    assert keys.worker("w") == "inferq:{inferq}:worker:w"
+    assert keys.models == "inferq:{inferq}:models"
+    assert keys.job("abcdefghijklmnopqrstuv") == "inferq:job:{ijkl}abcdefghijklmnopqrstuv"
+    assert keys.job("j1") == "inferq:job:{j1}j1"
+    assert keys.idempotency("m", "i") == f"inferq:idempotency:{{{idempotency_tag('m', 'i')}}}m:i"
+    assert keys.dlq("m") == "inferq:dlq:{m}"
+    assert keys.job_events == "inferq:jobevents"
     assert GROUP == "workers"
 
 
@@ -70,32 +95,132 @@ def test_distinct_kinds_of_key_never_share_a_name() -> None:
 
 
 def test_a_models_streams_are_listed_highest_priority_first() -> None:
-    assert Keys("ns").streams("m") == ["ns:stream:m:high", "ns:stream:m:normal", "ns:stream:m:low"]
+    assert Keys("ns").streams("m") == [
+        "ns:stream:{m}:high",
+        "ns:stream:{m}:normal",
+        "ns:stream:{m}:low",
+    ]
     assert LANES_BY_PRIORITY == (Lane.HIGH, Lane.NORMAL, Lane.LOW)
+
+
+def test_all_streams_lists_every_partition_each_highest_lane_first() -> None:
+    keys = Keys("ns")
+    assert keys.all_streams("m", 2) == keys.streams("m", 0) + keys.streams("m", 1)
+    assert keys.all_streams("m") == keys.streams("m")
+
+
+# Hash tags: what one command needs together shares a slot, and nothing else does.
+
+
+def test_a_partitions_lanes_share_one_hash_tag_so_one_xreadgroup_reads_them() -> None:
+    keys = Keys()
+    for partition in (0, 1, 7):
+        assert len({hash_tag(s) for s in keys.streams("digits", partition)}) == 1
+
+
+def test_models_and_partitions_get_different_hash_tags() -> None:
+    keys = Keys()
+    tags = {
+        hash_tag(keys.stream(model, Lane.NORMAL, p))
+        for model in ("digits", "minilm", "resnet-50")
+        for p in range(4)
+    }
+    assert len(tags) == 12
+
+
+def test_the_dead_letter_stream_shares_the_slot_of_partition_0() -> None:
+    keys = Keys()
+    assert hash_tag(keys.dlq("digits")) == hash_tag(keys.stream("digits", Lane.LOW))
+
+
+def test_a_job_record_shares_its_idempotency_keys_slot_when_its_id_carries_the_tag() -> None:
+    keys = Keys()
+    tag = idempotency_tag_bytes("digits", "scan-0001")
+    job_id = new_job_id(1_796_000_000_000, tag + bytes(JOB_ID_RANDOM_BYTES - len(tag)))
+    assert job_tag(job_id) == idempotency_tag("digits", "scan-0001")
+    assert len(job_tag(job_id)) == JOB_TAG_CHARS
+    assert hash_tag(keys.job(job_id)) == hash_tag(keys.idempotency("digits", "scan-0001"))
+    # Different keys (and the same key for another model) spread over different tags.
+    assert idempotency_tag("digits", "scan-0002") != idempotency_tag("digits", "scan-0001")
+    assert idempotency_tag("other", "scan-0001") != idempotency_tag("digits", "scan-0001")
+
+
+def test_jobs_issued_together_spread_over_tags() -> None:
+    ids = [new_job_id(1_796_000_000_000, bytes([i]) * JOB_ID_RANDOM_BYTES) for i in range(50)]
+    assert len({job_tag(i) for i in ids}) == 50  # the tag is random bits, not the issue time
+
+
+def test_an_idempotency_key_with_braces_keeps_the_tag_inferq_gave_it() -> None:
+    keys = Keys()
+    key = keys.idempotency("m", "{evil}")
+    assert hash_tag(key) == idempotency_tag("m", "{evil}")
+
+
+def test_the_control_plane_shares_one_slot_per_namespace() -> None:
+    keys = Keys("prod")
+    control = [
+        keys.workers,
+        keys.worker("w-1"),
+        keys.worker("w-2"),
+        keys.models,
+        keys.control,
+        keys.control_reply("c"),
+        keys.policies,
+        keys.policy_generation,
+        keys.model_status("m"),
+        keys.model_lock("m"),
+        keys.stats,
+        keys.stats_lease,
+    ]
+    assert {hash_tag(k) for k in control} == {"prod"}
+    assert hash_tag(Keys("other").workers) == "other"
+
+
+def test_hash_tag_follows_redis_rules() -> None:
+    assert hash_tag("a{b}c") == "b"
+    assert hash_tag("a{b}c{d}") == "b"
+    assert hash_tag("a{}c{d}") == "a{}c{d}"  # empty first tag: the whole key
+    assert hash_tag("a{bc") == "a{bc"
+    assert hash_tag("plain") == "plain"
+
+
+@pytest.mark.parametrize("namespace", ["a{b", "ns}", "{x}"])
+def test_a_namespace_with_braces_is_refused(namespace: str) -> None:
+    with pytest.raises(ValueError, match="braces"):
+        Keys(namespace)
 
 
 @pytest.mark.parametrize("namespace", ["inferq", "a", "ns-with.dots"])
 @pytest.mark.parametrize("model", ["digits", "m", "resnet-50.v2", "A_b-C.d", "9", "x" * 128])
 @pytest.mark.parametrize("lane", list(Lane))
-def test_parse_stream_inverts_stream(namespace: str, model: str, lane: Lane) -> None:
+@pytest.mark.parametrize("partition", [0, 1, 63])
+def test_parse_stream_inverts_stream(
+    namespace: str, model: str, lane: Lane, partition: int
+) -> None:
     keys = Keys(namespace)
-    assert keys.parse_stream(keys.stream(model, lane)) == (model, lane)
+    key = keys.stream(model, lane, partition)
+    assert keys.parse_stream_key(key) == StreamKey(model, lane, partition)
+    assert keys.parse_stream(key) == (model, lane)
 
 
 @pytest.mark.parametrize(
     "key",
     [
         "inferq:result:abc",
-        "inferq:stream:digits:urgent",
-        "inferq:stream:digits:",
-        "inferq:stream:digits",
-        "inferq:stream:normal",
-        "inferq:stream::normal",
+        "inferq:stream:{digits}:urgent",
+        "inferq:stream:{digits}:",
+        "inferq:stream:{digits}",
+        "inferq:stream:digits:normal",
+        "inferq:stream:{}:normal",
+        "inferq:stream:{digits:0}:normal",
+        "inferq:stream:{digits:01}:normal",
+        "inferq:stream:{digits:x}:normal",
+        "inferq:stream:{digits:-1}:normal",
         "inferq:stream:",
-        "other:stream:digits:normal",
-        "inferqx:stream:digits:normal",
-        "xinferq:stream:digits:normal",
-        "inferq:dlq:digits",
+        "other:stream:{digits}:normal",
+        "inferqx:stream:{digits}:normal",
+        "xinferq:stream:{digits}:normal",
+        "inferq:dlq:{digits}",
         "",
     ],
 )
@@ -106,6 +231,14 @@ def test_parse_stream_refuses_keys_that_are_not_request_streams(key: str) -> Non
 def test_parse_stream_only_knows_its_own_namespace() -> None:
     assert Keys("a").parse_stream(Keys("ab").stream("m", Lane.LOW)) is None
     assert Keys("ab").parse_stream(Keys("a").stream("m", Lane.LOW)) is None
+
+
+def test_parse_dlq_inverts_dlq_and_refuses_other_keys() -> None:
+    keys = Keys()
+    assert keys.parse_dlq(keys.dlq("digits")) == "digits"
+    assert keys.parse_dlq(keys.stream("digits", Lane.LOW)) is None
+    assert keys.parse_dlq("inferq:dlq:{bad/name}") is None
+    assert keys.dlq_pattern == "inferq:dlq:{*"
 
 
 # --------------------------------------------------------------------------------------------

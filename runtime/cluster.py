@@ -1,0 +1,369 @@
+"""Redis Cluster: seed lists, detecting cluster mode, and cluster clients with inferq's policy.
+
+``--redis`` names one node or several (``redis://[user:pass@]h1:p1,h2:p2,h3:p3[/0][?opts]``, or
+comma-separated full URLs). Whether that is a Redis Cluster is asked of the server
+(``INFO cluster``, ``cluster_enabled:1``): nothing new to configure.
+
+A cluster client here keeps the same policy as a single-node one (``runtime.connections``):
+- **No automatic retry** of a command that may have reached Redis (a retried XADD would enqueue
+  twice). ``MOVED`` and ``ASK`` are followed (the command did not run where it was sent), and a
+  connection error marks the slot table stale, so the next command re-reads the topology
+  (``CLUSTER SLOTS``) and reaches the promoted replica after a failover.
+- **A bounded number of connections.** redis-py's cluster client opens a connection per
+  concurrent command and node and fails with ``MaxConnectionsError`` past its cap; this one
+  makes callers queue for one of ``pool_size`` slots instead (a pipeline takes one slot and at
+  most one connection per node), so connections stay O(nodes), whatever the concurrency.
+- ``reinitialize_steps=0``: a ``MOVED`` patches that slot instead of closing every connection
+  of the client (which would also cut blocking reads of other tasks short).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+import redis
+import redis.asyncio as aioredis
+import redis.cluster
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.asyncio.connection import parse_url
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from runtime.faults import redis_said
+
+__all__ = ["key_slot"]
+
+
+@dataclass(frozen=True, slots=True)
+class Seeds:
+    """A ``--redis`` value split into the node addresses and the options they share."""
+
+    urls: tuple[str, ...]
+    """One URL per seed node, each with the shared credentials and options."""
+    hosts: tuple[tuple[str, int], ...]
+    options: dict[str, Any]
+    """Connection keyword arguments from the first URL (credentials, TLS, ``db``)."""
+
+
+def seed_urls(url: str) -> list[str]:
+    """One URL per node named in ``url``: a plain URL; a URL with several ``host:port``
+    separated by commas (``redis://[creds@]h1:p1,h2:p2[/0][?opts]``: the credentials, path and
+    query apply to every host); or several full URLs separated by commas."""
+    pieces = [p.strip() for p in url.split(",") if p.strip()]
+    if not pieces:
+        raise ValueError("empty Redis URL")
+    scheme, sep, rest = pieces[0].partition("://")
+    if not sep:
+        raise ValueError(f"a Redis URL starts with redis:// or rediss://, got {url!r}")
+    if len(pieces) == 1 or any("://" in p for p in pieces[1:]):
+        return pieces
+    creds, at, first = rest.rpartition("@")
+    last = pieces[-1]
+    tail_at = min((i for i in (last.find("/"), last.find("?")) if i >= 0), default=len(last))
+    hosts = [first, *pieces[1:-1], last[:tail_at]]
+    return [f"{scheme}://{creds}{at}{h}{last[tail_at:]}" for h in hosts]
+
+
+def parse_seeds(url: str) -> Seeds:
+    """The seed nodes of ``url`` (see ``seed_urls``) and the options they share."""
+    urls = seed_urls(url)
+    options = {k: v for k, v in parse_url(urls[0]).items() if k not in ("host", "port")}
+    hosts = []
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.hostname is None:
+            raise ValueError(f"no host in Redis URL {u!r}")
+        hosts.append((parts.hostname, parts.port or 6379))
+    return Seeds(tuple(urls), tuple(hosts), options)
+
+
+def _cluster_enabled(info: Any) -> bool:
+    return bool(isinstance(info, dict) and int(info.get("cluster_enabled", 0)))
+
+
+async def detect_cluster(url: str, *, timeout_s: float) -> bool | None:
+    """Whether the Redis at ``url`` is a Redis Cluster node; None when no seed answers. Several
+    seeds can only mean a cluster, but the first that answers is asked all the same."""
+    for seed in seed_urls(url):
+        client = aioredis.Redis.from_url(
+            seed,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        try:
+            return _cluster_enabled(await client.info("cluster"))
+        except (RedisError, OSError):
+            continue
+        finally:
+            await client.aclose()
+    return None
+
+
+def detect_cluster_sync(url: str, *, timeout_s: float) -> bool | None:
+    """``detect_cluster`` for the synchronous command-line tools."""
+    for seed in seed_urls(url):
+        client = redis.Redis.from_url(
+            seed, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+        )
+        try:
+            return _cluster_enabled(client.info("cluster"))
+        except (RedisError, OSError):
+            continue
+        finally:
+            client.close()
+    return None
+
+
+TRANSIENT_CLUSTER_ERRORS = (RedisClusterException, ClusterDownError, TryAgainError, AskError)
+"""What a cluster says while its topology changes: no node covers a slot, CLUSTERDOWN, TRYAGAIN,
+or a redirect still outstanding after redis-py followed it. Not all of these are ``RedisError``
+(``RedisClusterException`` is a bare ``Exception``)."""
+
+
+def as_connection_error(error: BaseException) -> RedisConnectionError:
+    """A transient cluster error as the ``ConnectionError`` every inferq loop and handler
+    already treats as "Redis is unavailable: back off / answer 503"."""
+    # Only what Redis said: a pipeline's error quotes the command, payload included.
+    said = redis_said(error) or type(error).__name__
+    converted = RedisConnectionError(f"Redis Cluster unavailable: {said}")
+    converted.__cause__ = error
+    return converted
+
+
+def _transient(error: BaseException) -> bool:
+    # A CROSSSLOT refusal (a RedisClusterException raised by redis-py before sending) is a bug,
+    # not a transient state: let it through as itself.
+    return isinstance(error, TRANSIENT_CLUSTER_ERRORS) and "must map to the same" not in str(error)
+
+
+_HOLDING = contextvars.ContextVar("inferq_cluster_gate", default=False)
+"""Set while a task holds a slot of the gate: a pipeline re-sending a redirected command
+individually must not wait for a second slot (it could wait for itself)."""
+
+
+class _Gate:
+    """At most ``size`` commands or pipelines of one client in flight; the rest wait."""
+
+    def __init__(self, size: int) -> None:
+        self._sem = asyncio.Semaphore(size)
+
+    async def run(self, call: Any) -> Any:
+        if _HOLDING.get():
+            return await call()
+        async with self._sem:
+            token = _HOLDING.set(True)
+            try:
+                return await call()
+            finally:
+                _HOLDING.reset(token)
+
+
+class GatedPipeline(ClusterPipeline):
+    """A cluster pipeline (split per node, sent to the nodes concurrently, not atomic unless
+    made with ``transaction=True`` over one slot) that waits for a slot of its client's gate."""
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        client = cast(GatedCluster, self.cluster_client)
+        gate: _Gate = client._inferq_gate
+        parent = cast(Any, super())
+
+        async def call() -> Any:
+            try:
+                replies = await parent.execute(
+                    raise_on_error=raise_on_error, allow_redirections=allow_redirections
+                )
+            except TRANSIENT_CLUSTER_ERRORS as e:
+                if _transient(e):
+                    await client.refresh_topology()
+                    raise as_connection_error(e) from e
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # A plain command marks the slot table stale after a connection error; a
+                # pipeline does not (with no retries), so it would keep sending to a dead
+                # master after its replica took over. Re-read the table here.
+                await client.refresh_topology()
+                raise
+            return [as_connection_error(r) if _transient(r) else r for r in replies]
+
+        return await gate.run(call)
+
+
+TOPOLOGY_REFRESH_MIN_S = 0.25
+"""Several readers losing one master at once re-read the slot table once, not once each."""
+
+
+class GatedCluster(RedisCluster):
+    """``RedisCluster`` whose commands and pipelines queue for one of ``pool_size`` slots."""
+
+    def __init__(self, *args: Any, pool_size: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._inferq_gate = _Gate(pool_size)
+        self._inferq_refresh = asyncio.Lock()
+        self._inferq_refreshed = 0.0
+
+    async def refresh_topology(self) -> None:
+        """Re-read the slot table (``CLUSTER SLOTS`` from a node that answers), at most every
+        ``TOPOLOGY_REFRESH_MIN_S``. Errors are swallowed: during a failover no node may cover
+        a slot yet, and the caller backs off and tries again."""
+        async with self._inferq_refresh:
+            if time.monotonic() - self._inferq_refreshed < TOPOLOGY_REFRESH_MIN_S:
+                return
+            self._inferq_refreshed = time.monotonic()
+            with contextlib.suppress(Exception):
+                await self.nodes_manager.initialize()
+                # redis-py finds the keys of XREAD and XREADGROUP with COMMAND GETKEYS on one
+                # node, chosen when the client initialised; only its own full re-initialisation
+                # (after a plain command's connection error, never a pipeline's) moves it. A
+                # pipeline would otherwise ask a dead master forever.
+                self.commands_parser.node = self.nodes_manager.default_node
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        parent = cast(Any, super())
+
+        async def call() -> Any:
+            try:
+                return await parent.execute_command(*args, **kwargs)
+            except TRANSIENT_CLUSTER_ERRORS as e:
+                if _transient(e):
+                    raise as_connection_error(e) from e
+                raise
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                # Usually redis-py has marked the slot table stale already, but not when the
+                # error came from finding the command's keys (see refresh_topology).
+                await self.refresh_topology()
+                raise
+
+        return await self._inferq_gate.run(call)
+
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        # redis-py finds the keys of XREAD and XREADGROUP (whose key positions move) by asking a
+        # node COMMAND GETKEYS: one more round trip for every read of a reply stream. Their keys
+        # follow STREAMS, and one command's keys share a slot, so the first one says where.
+        if str(command).upper() in ("XREAD", "XREADGROUP"):
+            for i, arg in enumerate(args):
+                word = arg.decode() if isinstance(arg, bytes) else str(arg)
+                if word.upper() == "STREAMS" and i + 1 < len(args):
+                    key = args[i + 1]
+                    return key_slot(key if isinstance(key, bytes) else str(key).encode())
+        slot: int = await super()._determine_slot(command, *args)
+        return slot
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
+        if shard_hint:
+            raise ValueError("shard_hint is not supported on a cluster")
+        return GatedPipeline(self, transaction)  # type: ignore[abstract]
+
+
+def cluster_client(
+    url: str,
+    *,
+    name: str,
+    socket_timeout_s: float | None,
+    connect_timeout_s: float,
+    pool_size: int,
+) -> GatedCluster:
+    """An asyncio Redis Cluster client with inferq's policy (see the module docstring)."""
+    seeds = parse_seeds(url)
+    options = dict(seeds.options)
+    options.pop("db", None)  # a cluster has only database 0; redis-py refuses any other
+    if options.pop("connection_class", None) is not None:
+        options["ssl"] = True
+    return GatedCluster(
+        startup_nodes=[ClusterNode(h, p) for h, p in seeds.hosts],
+        pool_size=pool_size,
+        # Per node: the gate keeps it at pool_size; the margin covers redirected commands of a
+        # pipeline re-sent while its slot is held.
+        max_connections=2 * pool_size + 2,
+        retry=Retry(NoBackoff(), 0),
+        reinitialize_steps=0,
+        socket_timeout=socket_timeout_s,
+        socket_connect_timeout=connect_timeout_s,
+        client_name=name,
+        **options,
+    )
+
+
+def sync_cluster_client(url: str, *, socket_timeout_s: float) -> redis.cluster.RedisCluster:
+    """A synchronous cluster client for the command-line tools (``inferq dlq``, ``models``)."""
+    seeds = parse_seeds(url)
+    options = dict(seeds.options)
+    options.pop("db", None)
+    if options.pop("connection_class", None) is not None:
+        options["ssl"] = True
+    return redis.cluster.RedisCluster(
+        startup_nodes=[
+            redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
+            for h, p in seeds.hosts
+        ],
+        retry=redis.retry.Retry(NoBackoff(), 0),
+        socket_timeout=socket_timeout_s,
+        **options,
+    )
+
+
+def node_options(url: str) -> dict[str, Any]:
+    """Connection keyword arguments (credentials, TLS) for a client of one node of the
+    cluster at ``url``, without host, port or database."""
+    options = dict(parse_seeds(url).options)
+    options.pop("db", None)
+    return options
+
+
+def slot_owner(client: RedisCluster, key: str) -> ClusterNode:
+    """The master that, as far as ``client`` knows, owns ``key``'s slot."""
+    return client.nodes_manager.get_node_from_slot(key_slot(key.encode()))
+
+
+def group_by_slot(keys: Sequence[str]) -> dict[int, list[str]]:
+    """``keys`` grouped by hash slot, in their order: what one multi-key command may take."""
+    groups: dict[int, list[str]] = {}
+    for key in keys:
+        groups.setdefault(key_slot(key.encode()), []).append(key)
+    return groups
+
+
+async def queue_script(pipe: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
+    """Queue a registered Lua script (``register_script``) on a pipeline of either kind. redis-py
+    refuses EVALSHA in a cluster pipeline (it cannot load the script on every node first), so a
+    cluster pipeline gets EVAL with the script's text; Redis caches it all the same."""
+    if isinstance(pipe, ClusterPipeline):
+        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
+    else:
+        await script(keys=list(keys), args=list(args), client=pipe)
+
+
+async def script_per_slot(
+    client: Any, script: Any, keys: Sequence[str], args: Sequence[Any]
+) -> list[Any]:
+    """Run a registered script whose reply is one item per key over ``keys``: in one call on
+    one Redis; on a cluster in one call per slot (a script may only touch keys of one slot),
+    pipelined, replies put back in the order of ``keys``."""
+    if not isinstance(client, RedisCluster):
+        return list(await script(keys=list(keys), args=list(args)))
+    groups = group_by_slot(keys)
+    pipe = client.pipeline(transaction=False)
+    for members in groups.values():
+        await queue_script(pipe, script, members, args)
+    replies = iter(zip(groups.values(), await pipe.execute(), strict=True))
+    by_key: dict[str, Any] = {}
+    for members, reply in replies:
+        by_key.update(zip(members, reply, strict=True))
+    return [by_key[k] for k in keys]
