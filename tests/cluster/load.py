@@ -49,6 +49,10 @@ def sync_client(s: Stack, tally: Tally, stop: threading.Event, k: int) -> None:
                 with tally.lock:
                     tally.statuses["hung"] += 1
                 continue
+            except httpx.TransportError:
+                with tally.lock:
+                    tally.statuses["reset"] += 1  # the connection broke: no answer at all
+                continue
             now = time.monotonic()
             with tally.lock:
                 tally.statuses[str(r.status_code)] += 1
@@ -73,6 +77,10 @@ def job_client(s: Stack, tally: Tally, stop: threading.Event) -> None:
             except httpx.TimeoutException:
                 with tally.lock:
                     tally.statuses["job-hung"] += 1
+                continue
+            except httpx.TransportError:
+                with tally.lock:
+                    tally.statuses["job-reset"] += 1
                 continue
             with tally.lock:
                 if r.status_code == 202:

@@ -531,6 +531,66 @@ def test_keda_scales_workers_on_lag_and_pending_of_every_lane_of_each_model(yaml
     assert address == f"{redis_url.hostname}:{redis_url.port}"
 
 
+def cluster_objects(yaml: Any) -> dict[str, dict[str, Any]]:
+    """The Redis Cluster variants (ops/k8s/cluster/*.yaml), by file name."""
+    return {p.name: load_all(yaml, p)[0] for p in sorted((K8S / "cluster").glob("*.yaml"))}
+
+
+def model_partitions(model: str) -> int:
+    config = tomllib.loads((REPO / "models" / model / "config.toml").read_text())
+    return int(config.get("partitions", 1))
+
+
+def test_keda_on_a_redis_cluster_scales_on_every_partition_and_lane_of_each_model(yaml):
+    files = cluster_objects(yaml)
+    config = files["config-cluster.yaml"]["data"]
+    scaled = files["keda-cluster-streams.yaml"]["spec"]
+    assert scaled["scaleTargetRef"]["name"] == "inferq-worker" and scaled["minReplicaCount"] >= 1
+    keys = Keys(config["INFERQ_NAMESPACE"])
+    by_stream: dict[str, set[str]] = {}
+    models: set[str] = set()
+    for trigger in scaled["triggers"]:
+        assert trigger["type"] == "redis-cluster-streams"
+        meta = trigger["metadata"]
+        assert meta["consumerGroup"] == GROUP and meta["addressesFromEnv"] in config
+        parsed = keys.parse_stream_key(meta["stream"])
+        assert parsed is not None, meta["stream"]
+        models.add(parsed.model)
+        by_stream.setdefault(meta["stream"], set()).update(
+            {"lagCount", "pendingEntriesCount"} & set(meta)
+        )
+    for model in models:
+        for p in range(model_partitions(model)):
+            for lane in LANES_BY_PRIORITY:
+                assert by_stream.get(keys.stream(model, lane, p)) == {
+                    "lagCount",
+                    "pendingEntriesCount",
+                }
+    # Every master for KEDA, the same nodes as seeds for inferq.
+    seeds = {urlsplit(f"redis://{hp}").netloc for hp in config["REDIS_ADDRESSES"].split(",")}
+    url = config["INFERQ_REDIS_URL"].removeprefix("redis://").split("/")[0]
+    assert set(url.split(",")) == seeds
+
+
+def test_keda_on_inferqs_own_backlog_sums_partitions_lanes_and_models(yaml):
+    scaled = cluster_objects(yaml)["keda-prometheus.yaml"]["spec"]
+    (trigger,) = scaled["triggers"]
+    assert trigger["type"] == "prometheus"
+    query = trigger["metadata"]["query"]
+    assert set(METRIC.findall(query)) == {"inferq_model_backlog"}
+    assert set(METRIC.findall(query)) <= declared_sample_names()
+    # Each gateway exports the same figure: max by model first, then the sum over models.
+    assert query.startswith("sum(max by (model) (")
+    assert int(trigger["metadata"]["threshold"]) >= 2 * 64
+
+
+def test_the_cluster_config_sets_only_real_variables(yaml):
+    config = cluster_objects(yaml)["config-cluster.yaml"]["data"]
+    inferq_vars = {k for k in config if k.startswith("INFERQ_")}
+    assert inferq_vars <= cli_env_names()
+    assert config["INFERQ_JOB_DURABILITY"] in ("async", "replicated")
+
+
 def test_kustomize_renders_the_manifests(yaml):
     kubectl = shutil.which("kubectl")
     if kubectl is None:
