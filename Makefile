@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench-core bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
+.PHONY: run test lint bench-core bench-peers bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
@@ -18,6 +18,10 @@ $(VENV)/.run: pyproject.toml | $(BIN)/python
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.run
+
+$(VENV)/.bench: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev,bench]'
+	touch $@ $(VENV)/.dev $(VENV)/.run
 
 ## run: start Redis (if none answers), the gateway and a worker serving the example model
 run: $(VENV)/.run
@@ -38,6 +42,12 @@ lint: $(VENV)/.dev
 ## bench-core: the issue #2 benchmark (digits through inferq up vs in-process)
 bench-core: $(VENV)/.dev
 	$(BIN)/python bench/core.py $(ARGS)
+
+## bench-peers: inferq vs plain FastAPI and an in-process asyncio batcher, side by side (issue #14)
+bench-peers: $(VENV)/.bench
+	./scripts/ensure-redis
+	./scripts/ensure-wrk
+	$(BIN)/python bench/peers.py $(ARGS)
 
 ## bench-minilm: minilm sentence embeddings through inferq up vs the same ONNX session in-process
 bench-minilm: $(VENV)/.dev

@@ -74,11 +74,19 @@ def calls_between(before: dict[str, int], after: dict[str, int]) -> dict[str, in
     return {k: v for k, v in sorted(diff.items(), key=lambda kv: -kv[1]) if v}
 
 
+def _declares(root: Path, flag: str) -> bool:
+    """Whether the checkout at ``root`` declares a command-line flag (another revision's, in an
+    A/B run, may predate it)."""
+    return any(flag in p.read_text() for p in root.glob("*/*.py"))
+
+
 class Service:
     """`inferq up` against a private Redis, for one benchmark run."""
 
-    def __init__(self, *extra: str, workers: int = 1) -> None:
+    def __init__(self, *extra: str, workers: int = 1, root: Path = ROOT) -> None:
+        """``root``: the checkout whose code runs (another revision's, for an A/B run)."""
         self.redis = RedisServer()
+        self.root = root
         self.port = free_port()
         # Its own gRPC port too: the default (8001) would be shared through SO_REUSEPORT with
         # anything else listening there.
@@ -103,8 +111,11 @@ class Service:
                 self.redis.url,
                 "--port",
                 str(self.port),
-                "--grpc-port",
-                str(self.grpc_port),
+                *(
+                    ("--grpc-port", str(self.grpc_port))
+                    if _declares(self.root, "--grpc-port")
+                    else ()
+                ),
                 "--workers",
                 str(self.workers),
                 "--log-level",
@@ -117,7 +128,8 @@ class Service:
                 *self.extra,
             ],
             stdout=subprocess.DEVNULL,
-            cwd=ROOT,
+            cwd=self.root,
+            env={**os.environ, "PYTHONPATH": str(self.root)},
         )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -181,15 +193,15 @@ def save(name: str, data: dict[str, Any]) -> Path:
     return path
 
 
-def git_revision() -> str:
-    """The commit the working tree is at, with ``+dirty`` when it has changes."""
+def git_revision(root: Path = ROOT) -> str:
+    """The commit the working tree (of ``root``) is at, with ``+dirty`` when it has changes."""
     try:
         rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
+            cwd=root,
             capture_output=True,
             text=True,
         ).stdout.strip()

@@ -1,4 +1,9 @@
-"""The Starlette application: V2 routes that parse HTTP, delegate, and format the answer."""
+"""The Starlette application: V2 routes that parse HTTP, delegate, and format the answer.
+
+This is the one route table (OpenAPI and the request metrics derive from it), with each route's
+thin handler beside its declaration; that keeps every path written once, at the cost of a module
+just over 500 lines.
+"""
 
 from __future__ import annotations
 

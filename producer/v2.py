@@ -15,6 +15,12 @@ data is passed through untouched.
 Every problem with a request raises :class:`producer.errors.BadRequest` with a message meant for
 the person who sent it, naming the input or output concerned.
 
+Why one module of ~650 lines: it is the whole V2 body contract, and the HTTP routes, the job
+path and the gRPC codec (``producer.grpc_codec``) all call its checks, so a request gets the same
+rules and the same messages whichever way it came in. About half of it is the JSON number and
+string rules (exact integers, strict finite floats, per-datatype ranges), which only make sense
+next to the parser that applies them. Split it along request/response if it grows further.
+
 Leniencies, deliberately kept because checking them would cost a Python loop per element:
 
 * JSON ``true``/``false`` mixed with numbers in numeric ``data`` are taken as 1/0 (numpy's

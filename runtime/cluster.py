@@ -138,6 +138,22 @@ or a redirect still outstanding after redis-py followed it. Not all of these are
 (``RedisClusterException`` is a bare ``Exception``)."""
 
 
+def torn_connection(error: BaseException) -> bool:
+    """redis-py 8's asyncio cluster client can raise ``AttributeError: 'NoneType' object has no
+    attribute 'writelines'`` (or ``read...``) when a node's connection is torn down by one
+    caller while another is still sending on it, which is what a master dying under load does.
+    It means the connection was lost, nothing else: only that shape is recognised, so a bug of
+    ours that raises AttributeError still surfaces as itself."""
+    if not isinstance(error, AttributeError) or "'NoneType' object has no attribute" not in str(
+        error
+    ):
+        return False
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and "redis" in tb.tb_frame.f_code.co_filename
+
+
 def as_connection_error(error: BaseException) -> RedisConnectionError:
     """A transient cluster error as the ``ConnectionError`` every inferq loop and handler
     already treats as "Redis is unavailable: back off / answer 503"."""
@@ -201,6 +217,11 @@ class GatedPipeline(ClusterPipeline):
                 # master after its replica took over. Re-read the table here.
                 await client.refresh_topology()
                 raise
+            except AttributeError as e:
+                if not torn_connection(e):
+                    raise
+                await client.refresh_topology()
+                raise RedisConnectionError(f"connection to a cluster node lost ({e})") from e
             return [as_connection_error(r) if _transient(r) else r for r in replies]
 
         return await gate.run(call)
@@ -250,6 +271,11 @@ class GatedCluster(RedisCluster):
                 # error came from finding the command's keys (see refresh_topology).
                 await self.refresh_topology()
                 raise
+            except AttributeError as e:
+                if not torn_connection(e):
+                    raise
+                await self.refresh_topology()
+                raise RedisConnectionError(f"connection to a cluster node lost ({e})") from e
 
         return await self._inferq_gate.run(call)
 

@@ -198,14 +198,20 @@ def test_high_priority_requests_overtake_queued_normal_ones(stack):
     with ThreadPoolExecutor(5) as pool:
         pool.submit(call, "first")
         wait_until(lambda: worker.backend("serial").calls == 1, what="the worker to be busy")
-        normal = [pool.submit(call, f"normal-{i}") for i in range(3)]
-        stream = Keys(s.namespace).stream("serial", Lane.NORMAL)
-        with redis.Redis.from_url(s.redis_url) as r:
+        keys = Keys(s.namespace)
+        normal_stream, high_stream = (
+            keys.stream("serial", lane) for lane in (Lane.NORMAL, Lane.HIGH)
+        )
+        # Everything is queued while the worker is frozen, so how fast the requests arrive on a
+        # loaded machine cannot decide the order; only the lanes can.
+        with worker.paused(), redis.Redis.from_url(s.redis_url) as r:
+            normal = [pool.submit(call, f"normal-{i}") for i in range(3)]
             wait_until(
-                lambda: r.xinfo_stream(stream)["entries-added"] == 4,
+                lambda: r.xinfo_stream(normal_stream)["entries-added"] == 4,
                 what="three queued normal requests",
             )
-        high = pool.submit(call, "high", priority=1)
+            high = pool.submit(call, "high", priority=1)
+            wait_until(lambda: r.exists(high_stream) == 1, what="the queued high request")
         for f in [*normal, high]:
             f.result()
     # The worker reads ahead at most one batch (one request here), so the high-priority request

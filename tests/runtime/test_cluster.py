@@ -87,3 +87,22 @@ def test_nothing_answering_is_undecided_and_several_seeds_then_mean_a_cluster() 
     assert one.cluster is False
     many = RedisSettings("redis://127.0.0.1:1,127.0.0.1:2/0", connect_timeout_s=0.2)
     assert asyncio.run(resolve(many)).cluster is True
+
+
+def _raised_in(filename: str, source: str) -> BaseException:
+    try:
+        exec(compile(source, filename, "exec"), {})
+    except BaseException as e:
+        return e
+    raise AssertionError("nothing was raised")
+
+
+def test_a_connection_redis_py_tore_down_under_a_caller_counts_as_lost():
+    from runtime.cluster import torn_connection
+
+    lost = _raised_in("/venv/site-packages/redis/asyncio/connection.py", "None.writelines([])")
+    assert torn_connection(lost)
+    ours = _raised_in("/work/producer/service.py", "None.writelines([])")
+    assert not torn_connection(ours)
+    other = _raised_in("/venv/site-packages/redis/asyncio/connection.py", "(1).nope")
+    assert not torn_connection(other)

@@ -1,0 +1,125 @@
+"""Where a process's CPU went, from a py-spy recording (``py-spy record --format raw``).
+
+    python bench/pyspy_breakdown.py FILE [FILE ...] [--json]
+
+Record with ``--gil`` (bench/peers.py does): a sample is then the thread holding the GIL, i.e.
+Python (or C code called from it) on the CPU, not a thread waiting. Each sample is a stack; it
+is charged to the package of its innermost frame that belongs to a known group (self time by
+package): time in ``json`` called from our code counts as JSON, time in Starlette's routing as
+Starlette. Samples whose innermost Python frame is the event loop's ``run`` are time in
+uvloop's C code (socket I/O, httptools' parser, callbacks' C parts). Stages
+are also given inclusively: the share of samples with that function anywhere on the stack.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+_FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^:()]+)(?::(?P<line>\d+))?\)$")
+
+GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "metrics (prometheus_client, producer/metrics, instrument)",
+        (
+            "prometheus_client/",
+            "producer/metrics.py",
+            "producer/instrument.py",
+            "consumer/metrics.py",
+        ),
+    ),
+    ("JSON (json, orjson)", ("json/", "orjson")),
+    ("msgpack codec (protocol/)", ("protocol/", "msgpack/")),
+    ("redis-py", ("redis/",)),
+    ("numpy", ("numpy/",)),
+    ("structlog", ("structlog/",)),
+    ("ONNX Runtime", ("onnxruntime/",)),
+    ("Starlette", ("starlette/",)),
+    ("uvicorn", ("uvicorn/",)),
+    ("asyncio (futures, tasks, timers)", ("asyncio/",)),
+    ("gateway code (producer/)", ("producer/",)),
+    ("worker code (consumer/)", ("consumer/",)),
+    ("runtime/", ("runtime/",)),
+    ("threads, executors", ("threading.py", "concurrent/")),
+)
+EVENT_LOOP = "event loop C code (uvloop: sockets, httptools, callbacks)"
+
+STAGES = (
+    "InferenceService.infer",
+    "parse_infer_request",
+    "encode_infer_response",
+    "AutoPipeline._send",
+    "ReplyListener.run",
+    "RequestMetrics.__call__",
+    "Worker._run_batch",
+    "Worker.accept",
+    "ResultWriter._write",
+    "ServedModel.run",
+    "Worker._read_loop",
+)
+
+
+def frames(stack: str) -> list[tuple[str, str]]:
+    out = []
+    for raw in stack.split(";"):
+        m = _FRAME.match(raw.strip())
+        out.append((m["func"], m["file"]) if m else (raw, ""))
+    return out
+
+
+def group_of(stack: list[tuple[str, str]]) -> str:
+    func, file = stack[-1]
+    if func in ("Runner.run", "run_forever", "BaseEventLoop.run_forever") and "asyncio" in file:
+        return EVENT_LOOP
+    for _, file in reversed(stack):
+        for name, patterns in GROUPS:
+            if any(p in file for p in patterns):
+                return name
+    return "other"
+
+
+def breakdown(paths: list[Path]) -> dict[str, object]:
+    groups: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
+    total = 0
+    for path in paths:
+        for line in path.read_text().splitlines():
+            stack_text, _, count_text = line.rpartition(" ")
+            if not count_text.isdigit():
+                continue
+            n = int(count_text)
+            stack = frames(stack_text)
+            total += n
+            groups[group_of(stack)] += n
+            names = {f for f, _ in stack}
+            for stage in STAGES:
+                if stage in names:
+                    stages[stage] += n
+    return {
+        "samples": total,
+        "groups": {k: round(v / total, 3) for k, v in groups.most_common()} if total else {},
+        "stages": {k: round(v / total, 3) for k, v in stages.most_common()} if total else {},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("files", nargs="+", type=Path)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    result = breakdown(args.files)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(f"{result['samples']} samples")
+    for title in ("groups", "stages"):
+        print(f"{title}:")
+        for k, v in result[title].items():  # type: ignore[attr-defined]
+            print(f"  {v:6.1%}  {k}")
+
+
+if __name__ == "__main__":
+    main()
