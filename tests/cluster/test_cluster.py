@@ -40,8 +40,9 @@ def entries_read(r: Any, stream: str) -> int:
 
 def json_of(out: str) -> Any:
     """The JSON document a command printed (log lines of background threads may surround it)."""
-    start = next(i for i, line in enumerate(out.splitlines(keepends=True)) if line[0] == "{")
-    text = "".join(out.splitlines(keepends=True)[start:])
+    lines = out.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines) if line[:1] in ("{", "["))
+    text = "".join(lines[start:])
     return json.JSONDecoder().raw_decode(text)[0]
 
 
@@ -308,3 +309,30 @@ def test_workers_hold_one_blocking_connection_per_slot_group(cluster_stack, mode
     groups = s.workers[0].worker.groups
     assert len(groups) == 1 + PARTITIONS
     assert all(len(g.streams) == 3 for g in groups)  # a partition's three lanes, one slot each
+
+
+def test_inferq_models_reads_the_registry_of_a_cluster(cluster_stack, redis_cluster, capsys):
+    s = cluster_stack(models=("sim", "wide"))
+    capsys.readouterr()
+    args = ["models", "list", "--redis", redis_cluster.url, "--namespace", s.namespace, "--json"]
+    assert main(args, environ={}) == 0
+    listing = json_of(capsys.readouterr().out)
+    rows = listing if isinstance(listing, list) else listing["models"]
+    assert {row["name"] for row in rows} == {"sim", "wide"}
+
+
+def test_auth_on_a_cluster_works_as_on_one_redis(namespace, cluster_repo):
+    from tests.support import GatewayThread, Stack, WorkerThread
+
+    started: list[GatewayThread | WorkerThread] = []
+    with LocalCluster(masters=3, password="s3cret") as cluster:
+        try:
+            assert ":s3cret@" in cluster.url
+            s = Stack(cluster.url, namespace, cluster_repo, started)
+            s.add_worker(("sim",))
+            s.start_gateway()
+            r = s.infer("sim", sim_body(2.0))
+            assert r.status_code == 200 and sums(r) == [8.0]
+        finally:
+            for thing in reversed(started):
+                thing.stop()
