@@ -18,7 +18,6 @@ Writes bench/results/cluster.json with the git revision and the command.
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import time
 import urllib.request
@@ -30,7 +29,6 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    ROOT,
     calls_between,
     cpu_seconds,
     git_revision,
@@ -39,6 +37,8 @@ from bench.common import (
     markdown_table,
     model_repository,
     save,
+    spawn_inferq,
+    stop_processes,
     wait_for_quiet,
 )
 from inferq.localcluster import LocalCluster
@@ -50,26 +50,6 @@ from tests.support import sim_body
 
 NAMESPACE = "bench"
 SIM = {"base_ms": 1.0, "per_row_ms": 0.02, "max_batch": 32}
-
-
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "inferq", *args, "--log-level", "warning"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _calls(port: int) -> int:
@@ -106,10 +86,10 @@ def run(setup: str, nodes: list[tuple[int, int]], redis_url: str, args: Any) -> 
         port = free_port()
         common = ("--redis", redis_url, "--namespace", NAMESPACE)
         procs = [
-            _spawn("worker", *common, "--model-repository", str(repo), "--metrics-port", "0")
+            spawn_inferq("worker", *common, "--model-repository", str(repo), "--metrics-port", "0")
             for _ in range(2)
         ]
-        procs.append(_spawn("gateway", *common, "--port", str(port), "--grpc-port", "0"))
+        procs.append(spawn_inferq("gateway", *common, "--port", str(port), "--grpc-port", "0"))
         url = f"http://127.0.0.1:{port}"
         try:
             _ready(url, models)
@@ -139,7 +119,7 @@ def run(setup: str, nodes: list[tuple[int, int]], redis_url: str, args: Any) -> 
                 p.pid: (cpu_seconds(p.pid) - inferq_before[p.pid]) / elapsed for p in procs
             }
         finally:
-            _stop(procs)
+            stop_processes(procs)
     ops = {p: (after[p] - before[p]) / elapsed for p, _ in nodes}
     cpu = {p: (cpu_after[p] - cpu_before[p]) / elapsed for p, _ in nodes}
     total_ops = sum(ops.values())

@@ -373,3 +373,25 @@ class CpuMeter:
             used = cpu_seconds(pid) - self._before.get(pid, 0.0)
             out[role] = out.get(role, 0.0) + used / elapsed
         return out
+
+
+def spawn_inferq(*args: str) -> subprocess.Popen[bytes]:
+    """One ``inferq`` process (``python -m inferq ARGS``) with its output discarded."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "inferq", *args, "--log-level", "warning"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM each, then wait up to 15 s each before SIGKILL."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -30,7 +30,6 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    ROOT,
     calls_between,
     command_calls,
     git_revision,
@@ -38,6 +37,8 @@ from bench.common import (
     markdown_table,
     model_repository,
     save,
+    spawn_inferq,
+    stop_processes,
 )
 from inferq.redisserver import RedisServer, free_port
 from protocol.keys import Keys
@@ -46,26 +47,6 @@ SETTLE_S = 4.0
 MONITOR_S = 4.0
 NAMESPACE = "idle"
 _MONITOR_LINE = re.compile(r'^[\d.]+ \[\d+ ([^\]]+)\] "([^"]+)"')
-
-
-def _spawn(*args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "inferq", *args, "--log-level", "warning"],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
 
 
 def _kind(name: str) -> str:
@@ -130,7 +111,7 @@ def measure(models: int, gateways: int, window_s: float) -> dict[str, Any]:
     with RedisServer() as server, model_repository(**sims) as repo:
         url = server.url
         procs = [
-            _spawn(
+            spawn_inferq(
                 "worker",
                 "--redis",
                 url,
@@ -144,7 +125,7 @@ def measure(models: int, gateways: int, window_s: float) -> dict[str, Any]:
         ]
         for _ in range(gateways):
             procs.append(
-                _spawn(
+                spawn_inferq(
                     "gateway",
                     "--redis",
                     url,
@@ -163,7 +144,7 @@ def measure(models: int, gateways: int, window_s: float) -> dict[str, Any]:
             after = command_calls(url)
             by_kind = attribute(url, server.port, MONITOR_S)
         finally:
-            _stop(procs)
+            stop_processes(procs)
     calls = calls_between(before, after)
     calls.pop("info", None)  # the measurement's own
     total = sum(calls.values()) / window_s
