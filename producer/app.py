@@ -7,11 +7,8 @@ just over 500 lines.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import functools
 import json
-import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,20 +20,18 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive
+from starlette.types import Receive, Scope, Send
 
 import runtime
+from producer import fastpath
 from producer import openapi as api
 from producer.errors import (
     INTERNAL_MESSAGE,
     BadRequest,
     GatewayError,
-    PayloadTooLarge,
-    RequestTimeout,
-    Unauthorized,
-    UnsupportedMediaType,
 )
 from producer.gateway import Gateway
+from producer.httpbody import caller_traceparent, header_length, read_body
 from producer.inflight import BodyHold
 from producer.instrument import RequestMetrics, RequestTracing
 from producer.jobs import render as render_job
@@ -44,126 +39,17 @@ from producer.metrics import metrics_response
 from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
-from producer.traceparent import traceparent
-from producer.v2 import encode_infer_response
 from protocol.jobs import JobRecord
-from runtime.tracing import REQUEST_TRACE, Tracer
+from runtime.tracing import Tracer
 
 log = structlog.get_logger("inferq.gateway")
 
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "async_jobs"]
-JSON_TYPES = ("application/json",)
-BINARY_TYPES = ("application/octet-stream",)
 
 
 def _gateway(request: Request) -> Gateway:
     gateway: Gateway = request.app.state.gateway
     return gateway
-
-
-def _traceparent(request: Request) -> str:
-    """The caller's W3C trace context, or a new one, so logs on every hop join up. Traced,
-    it is the request's server span (a child of the caller's)."""
-    traced = REQUEST_TRACE.get().traceparent
-    if traced is not None:
-        return traced
-    return traceparent(request.headers.get("traceparent"))
-
-
-def _digits(raw: str | None) -> int | None:
-    """A header's non-negative integer value; None unless it is plain ASCII digits. Over 18
-    digits (more than any body) reads as the largest int64, never as a 4,300-digit int()."""
-    if raw is None:
-        return None
-    raw = raw.strip()
-    if not (raw.isascii() and raw.isdigit()):
-        return None
-    return int(raw) if len(raw) <= 18 else 2**63 - 1
-
-
-async def _read_body(
-    request: Request,
-    limit: int,
-    *,
-    hold: BodyHold | None = None,
-    timeout_s: float | None = None,
-) -> bytes:
-    """The whole body, decompressed: 413 past ``limit``; with a ``hold``, its bytes are held
-    against the gateway's in-flight cap as they arrive (429 before reading the rest); 408 when
-    it has not arrived within ``timeout_s``."""
-    declared = _digits(request.headers.get("content-length"))
-    if declared is not None and declared > limit:
-        raise PayloadTooLarge(
-            f"request body of {declared} bytes exceeds the limit of {limit} bytes"
-        )
-    if hold is not None and declared is not None:
-        hold.grow_to(declared)
-    chunks = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-                if hold is not None:
-                    hold.grow_to(size)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the request body did not arrive within {timeout_s:g} s (received {size} bytes)"
-        ) from None
-    body = b"".join(chunks)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding not in ("gzip", "deflate"):
-        raise UnsupportedMediaType(
-            f"Content-Encoding '{encoding}' is not supported (use gzip, deflate or none)"
-        )
-    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        plain = inflater.decompress(body, limit + 1)
-    except zlib.error as e:
-        raise BadRequest(f"request body is not valid {encoding} data: {e}") from None
-    if len(plain) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
-    if hold is not None:
-        hold.grow_to(len(plain))
-    return plain
-
-
-def _header_length(request: Request) -> int | None:
-    raw = request.headers.get("inference-header-content-length")
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if raw is None:
-        if content_type in BINARY_TYPES:
-            raise BadRequest(
-                "binary request bodies need an Inference-Header-Content-Length header "
-                "giving the length of the JSON part"
-            )
-        if content_type and content_type not in JSON_TYPES:
-            raise UnsupportedMediaType(
-                f"Content-Type '{content_type}' is not supported: send JSON with "
-                "'Content-Type: application/json', or the binary tensor extension with "
-                "'Content-Type: application/octet-stream' and Inference-Header-Content-Length"
-            )
-        return None
-    if content_type and content_type not in (*BINARY_TYPES, *JSON_TYPES):
-        raise UnsupportedMediaType(
-            f"Content-Type '{content_type}' is not supported with the binary tensor extension; "
-            "use application/octet-stream"
-        )
-    length = _digits(raw)
-    if length is None:
-        raise BadRequest("Inference-Header-Content-Length must be a non-negative integer")
-    return length
-
-
-def _no_cache(request: Request) -> bool:
-    directives = request.headers.get("cache-control", "").lower()
-    return "no-cache" in directives or "no-store" in directives
 
 
 async def live(request: Request) -> Response:
@@ -235,19 +121,18 @@ class _InferenceCall:
 
 async def _inference_call(request: Request, hold: BodyHold) -> _InferenceCall:
     p = request.path_params
-    header_length = _header_length(request)  # before reading: a bad Content-Type is 415 at once
+    length = header_length(request.headers)  # before reading: a bad Content-Type is 415 at once
     settings = _gateway(request).settings
-    raw = await _read_body(
-        request, settings.max_body_bytes, hold=hold, timeout_s=settings.body_timeout_s
+    raw = await read_body(
+        request.headers,
+        request.stream(),
+        settings.max_body_bytes,
+        hold=hold,
+        timeout_s=settings.body_timeout_s,
     )
-    return _InferenceCall(p["model"], p.get("version"), raw, header_length, _traceparent(request))
-
-
-async def _disconnect(receive: Receive) -> None:
-    """Returns once the client has hung up. Only once the body is read: uvicorn's ``receive``
-    then blocks until the connection is lost (or the response is complete)."""
-    while (await receive())["type"] != "http.disconnect":
-        pass
+    return _InferenceCall(
+        p["model"], p.get("version"), raw, length, caller_traceparent(request.headers)
+    )
 
 
 def _binary_or_json(
@@ -258,36 +143,6 @@ def _binary_or_json(
         return Response(body, status_code, headers, media_type="application/json")
     headers["inference-header-content-length"] = str(json_length)
     return Response(body, status_code, headers, media_type="application/octet-stream")
-
-
-async def infer(request: Request) -> Response:
-    service = _gateway(request).service
-    with service.hold_body() as hold:
-        call = await _inference_call(request, hold)
-        outcome = await service.infer(
-            call.model,
-            call.version,
-            call.body,
-            call.header_length,
-            no_cache=_no_cache(request),
-            traceparent=call.traceparent,
-            disconnected=functools.partial(_disconnect, request.receive),
-        )
-        result = outcome.result
-        with REQUEST_TRACE.get().span("encode response"):
-            body, json_length = encode_infer_response(
-                client_id=outcome.body.client_id,
-                model_name=result.model,
-                model_version=result.version,
-                outputs=result.outputs,
-                binary_outputs=outcome.body.binary_outputs,
-                binary_all=outcome.body.binary_all,
-            )
-    headers = {
-        "traceparent": call.traceparent,
-        "x-inferq-cache": "hit" if outcome.cached else "miss",
-    }
-    return _binary_or_json(body, json_length, headers)
 
 
 def _job_response(
@@ -339,8 +194,11 @@ ADMIN_BODY_LIMIT = 64 * 1024
 async def _admin_body(request: Request) -> dict[str, Any]:
     """The JSON object of a model-control call (an empty body is ``{}``), after the token."""
     _gateway(request).admin.authorize(request.headers.get("authorization"))
-    raw = await _read_body(
-        request, ADMIN_BODY_LIMIT, timeout_s=_gateway(request).settings.body_timeout_s
+    raw = await read_body(
+        request.headers,
+        request.stream(),
+        ADMIN_BODY_LIMIT,
+        timeout_s=_gateway(request).settings.body_timeout_s,
     )
     if not raw.strip():
         return {}
@@ -383,14 +241,7 @@ async def openapi(request: Request) -> Response:
 
 async def gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    headers = {}
-    if exc.retry_after_s is not None:
-        headers["retry-after"] = str(max(1, round(exc.retry_after_s)))
-    if isinstance(exc, Unauthorized):
-        headers["www-authenticate"] = 'Bearer realm="inferq"'  # RFC 6750
-    if isinstance(exc, RequestTimeout):
-        headers["connection"] = "close"  # the rest of the body may still be on its way
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=headers)
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers())
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
@@ -432,7 +283,7 @@ def routes(tracer: Tracer | None = None) -> list[Route]:
             ApiRoute(base + "/ready", model_ready, api.MODEL_READY, name="model_ready"),
             ApiRoute(
                 base + "/infer",
-                infer,
+                fastpath.endpoint,
                 api.INFER,
                 name="infer",
                 methods=["POST"],
@@ -483,6 +334,22 @@ def routes(tracer: Tracer | None = None) -> list[Route]:
     ]
 
 
+class GatewayApp(Starlette):
+    """Starlette, with the inference route served first by ``producer.fastpath`` (the hot
+    path skips Starlette's routing and middleware; it does their work for that one route)."""
+
+    def __init__(self, fast: fastpath.InferFastPath, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fast = fast
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        infer = self.fast.match(scope)
+        if infer is not None:
+            await self.fast.serve(scope, receive, send, *infer)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(settings: GatewaySettings) -> Starlette:
     gateway = Gateway(settings)
 
@@ -504,7 +371,8 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
     traced = gateway.tracer if gateway.tracer.enabled else None
     table = routes(traced)
-    app = Starlette(
+    app = GatewayApp(
+        fastpath.InferFastPath(gateway, traced),
         routes=table,
         lifespan=lifespan,
         middleware=[

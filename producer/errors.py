@@ -26,6 +26,13 @@ class GatewayError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def headers(self) -> dict[str, str]:
+        """The response headers this refusal comes with."""
+        headers = {}
+        if self.retry_after_s is not None:
+            headers["retry-after"] = str(max(1, round(self.retry_after_s)))
+        return headers
+
 
 class BadRequest(GatewayError):
     status = 400
@@ -33,6 +40,9 @@ class BadRequest(GatewayError):
 
 class Unauthorized(GatewayError):
     status = 401
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "www-authenticate": 'Bearer realm="inferq"'}  # RFC 6750
 
 
 class Forbidden(GatewayError):
@@ -47,6 +57,10 @@ class RequestTimeout(GatewayError):
     """The request (its body) did not arrive in time; the connection is closed after it."""
 
     status = 408
+
+    def headers(self) -> dict[str, str]:
+        # The rest of the body may still be on its way.
+        return {**super().headers(), "connection": "close"}
 
 
 class Conflict(GatewayError):

@@ -33,6 +33,7 @@ from producer.errors import (
     NotFound,
 )
 from producer.grpc_codec import decode_infer_request, encode_infer_response, parameter_values
+from producer.httpbody import no_cache
 from producer.instrument import known_labels
 from producer.routing import ROUTED_VERSION
 from producer.traceparent import traceparent
@@ -215,7 +216,7 @@ class InferenceServicer:
                     request.model_name,
                     request.model_version or None,
                     lambda meta: decode_infer_request(request, meta, parameters),
-                    no_cache=_no_cache(metadata.get("cache-control", "")),
+                    no_cache=no_cache(metadata),
                     traceparent=trace.traceparent or traceparent(metadata.get("traceparent")),
                 )
             result = outcome.result
@@ -354,11 +355,6 @@ def _metadata(context: grpc.aio.ServicerContext) -> dict[str, str]:
     return {
         key: value for key, value in (context.invocation_metadata() or ()) if isinstance(value, str)
     }
-
-
-def _no_cache(cache_control: str) -> bool:
-    directives = cache_control.lower()
-    return "no-cache" in directives or "no-store" in directives
 
 
 def _with_deadline(parameters: dict[str, Any], context: grpc.aio.ServicerContext) -> dict[str, Any]:

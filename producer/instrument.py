@@ -70,6 +70,54 @@ def _header(scope: Scope, wanted: bytes) -> str | None:
     return None
 
 
+def open_trace(
+    tracer: Tracer, scope: Scope, endpoint: str, model: str, version: str | None
+) -> RequestTrace:
+    """The server span of one inference request, a child of the caller's ``traceparent``; left
+    in the scope for the latency exemplar."""
+    attributes = {
+        "http.request.method": scope["method"],
+        "url.path": scope["path"],
+        "inferq.endpoint": endpoint,
+        "inferq.model": model,
+    }
+    if version is not None:
+        attributes["inferq.version"] = version
+    trace = tracer.request(
+        f"{scope['method']} {endpoint}", _header(scope, b"traceparent"), attributes
+    )
+    scope[TRACE_KEY] = trace
+    return trace
+
+
+def observe(
+    gateway: Gateway,
+    scope: Scope,
+    labels: tuple[str, str | None, str | None],
+    status: int,
+    seconds: float,
+    *,
+    routed: str | None,
+    exemplars: bool,
+) -> None:
+    """Count and time one answered request. ``labels``: (endpoint, model, version) as the
+    request named them; ``routed``: the version it was routed to, if any."""
+    endpoint, named_model, named_version = labels
+    model, version = known_labels(gateway.registry, named_model, named_version, routed)
+    body_bytes = None
+    if endpoint in ("infer", "job_submit"):
+        for name, value in scope["headers"]:
+            if name == b"content-length" and value.isdigit():
+                body_bytes = int(value)
+    exemplar = None
+    if exemplars:
+        trace: RequestTrace | None = scope.get(TRACE_KEY)
+        exemplar = trace.exemplar() if trace is not None else None
+    gateway.metrics.observe_request(
+        model, version, endpoint, status, seconds, body_bytes=body_bytes, exemplar=exemplar
+    )
+
+
 class RequestTracing:
     """Route middleware of the inference routes (only when tracing is on): starts the
     request's server span, a child of the caller's ``traceparent``, and makes it the
@@ -83,18 +131,9 @@ class RequestTracing:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         params = scope.get("path_params", {})
-        attributes = {
-            "http.request.method": scope["method"],
-            "url.path": scope["path"],
-            "inferq.endpoint": self.endpoint,
-            "inferq.model": params.get("model", ""),
-        }
-        if "version" in params:
-            attributes["inferq.version"] = params["version"]
-        trace = self.tracer.request(
-            f"{scope['method']} {self.endpoint}", _header(scope, b"traceparent"), attributes
+        trace = open_trace(
+            self.tracer, scope, self.endpoint, params.get("model", ""), params.get("version")
         )
-        scope[TRACE_KEY] = trace
         status = 500
 
         async def send_and_watch(message: Message) -> None:
@@ -147,17 +186,7 @@ class RequestMetrics:
             ROUTED_VERSION.reset(routed)
 
     def _observe(self, scope: Scope, status: int, seconds: float, routed: str | None) -> None:
-        endpoint, model, version = classify(scope, self.names)
-        model, version = known_labels(self.gateway.registry, model, version, routed)
-        body_bytes = None
-        if endpoint in ("infer", "job_submit"):
-            for name, value in scope["headers"]:
-                if name == b"content-length" and value.isdigit():
-                    body_bytes = int(value)
-        exemplar = None
-        if self.exemplars:
-            trace: RequestTrace | None = scope.get(TRACE_KEY)
-            exemplar = trace.exemplar() if trace is not None else None
-        self.gateway.metrics.observe_request(
-            model, version, endpoint, status, seconds, body_bytes=body_bytes, exemplar=exemplar
+        labels = classify(scope, self.names)
+        observe(
+            self.gateway, scope, labels, status, seconds, routed=routed, exemplars=self.exemplars
         )

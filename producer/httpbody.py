@@ -1,0 +1,134 @@
+"""What the inference routes read from HTTP: the body (limited, held, timed, decompressed),
+its content type and the V2 binary header length, and the caller's cache and trace headers.
+
+Shared by the Starlette routes (``producer.app``) and the inference fast path
+(``producer.fastpath``): both hand in the request's ``Headers`` and its body chunks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from collections.abc import AsyncIterator, Mapping
+
+from producer.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from producer.inflight import BodyHold
+from producer.traceparent import traceparent
+from runtime.tracing import REQUEST_TRACE
+
+JSON_TYPES = ("application/json",)
+BINARY_TYPES = ("application/octet-stream",)
+
+
+def caller_traceparent(headers: Mapping[str, str]) -> str:
+    """The caller's W3C trace context, or a new one, so logs on every hop join up. Traced,
+    it is the request's server span (a child of the caller's)."""
+    traced = REQUEST_TRACE.get().traceparent
+    if traced is not None:
+        return traced
+    return traceparent(headers.get("traceparent"))
+
+
+def digits(raw: str | None) -> int | None:
+    """A header's non-negative integer value; None unless it is plain ASCII digits. Over 18
+    digits (more than any body) reads as the largest int64, never as a 4,300-digit int()."""
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()):
+        return None
+    return int(raw) if len(raw) <= 18 else 2**63 - 1
+
+
+def header_length(headers: Mapping[str, str]) -> int | None:
+    """The JSON part's length of a binary-tensor body, None for a plain JSON body; 400/415 for
+    a content type or length the V2 protocol does not allow. Read before the body, so a bad
+    Content-Type is refused at once."""
+    raw = headers.get("inference-header-content-length")
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if raw is None:
+        if content_type in BINARY_TYPES:
+            raise BadRequest(
+                "binary request bodies need an Inference-Header-Content-Length header "
+                "giving the length of the JSON part"
+            )
+        if content_type and content_type not in JSON_TYPES:
+            raise UnsupportedMediaType(
+                f"Content-Type '{content_type}' is not supported: send JSON with "
+                "'Content-Type: application/json', or the binary tensor extension with "
+                "'Content-Type: application/octet-stream' and Inference-Header-Content-Length"
+            )
+        return None
+    if content_type and content_type not in (*BINARY_TYPES, *JSON_TYPES):
+        raise UnsupportedMediaType(
+            f"Content-Type '{content_type}' is not supported with the binary tensor extension; "
+            "use application/octet-stream"
+        )
+    length = digits(raw)
+    if length is None:
+        raise BadRequest("Inference-Header-Content-Length must be a non-negative integer")
+    return length
+
+
+def no_cache(headers: Mapping[str, str]) -> bool:
+    """``Cache-Control: no-cache`` (or ``no-store``): the caller wants a fresh answer."""
+    directives = headers.get("cache-control", "").lower()
+    return "no-cache" in directives or "no-store" in directives
+
+
+async def read_body(
+    headers: Mapping[str, str],
+    chunks: AsyncIterator[bytes],
+    limit: int,
+    *,
+    hold: BodyHold | None = None,
+    timeout_s: float | None = None,
+) -> bytes:
+    """The whole body, decompressed: 413 past ``limit``; with a ``hold``, its bytes are held
+    against the gateway's in-flight cap as they arrive (429 before reading the rest); 408 when
+    it has not arrived within ``timeout_s``."""
+    declared = digits(headers.get("content-length"))
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(
+            f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+        )
+    if hold is not None and declared is not None:
+        hold.grow_to(declared)
+    parts = []
+    size = 0
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > limit:
+                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+                if hold is not None:
+                    hold.grow_to(size)
+                parts.append(chunk)
+    except TimeoutError:
+        raise RequestTimeout(
+            f"the request body did not arrive within {timeout_s:g} s (received {size} bytes)"
+        ) from None
+    body = parts[0] if len(parts) == 1 else b"".join(parts)
+    encoding = headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    return _inflate(body, encoding, limit, hold)
+
+
+def _inflate(body: bytes, encoding: str, limit: int, hold: BodyHold | None) -> bytes:
+    if encoding not in ("gzip", "deflate"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding '{encoding}' is not supported (use gzip, deflate or none)"
+        )
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
+    inflater = zlib.decompressobj(wbits)
+    try:
+        plain = inflater.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise BadRequest(f"request body is not valid {encoding} data: {e}") from None
+    if len(plain) > limit or inflater.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+    if hold is not None:
+        hold.grow_to(len(plain))
+    return plain
