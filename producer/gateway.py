@@ -34,6 +34,7 @@ from runtime.connections import RedisClock, blocking_client, command_client, red
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE, describe
 from runtime.loops import Loops
+from runtime.resp import Endpoint, RespConnection
 from runtime.stats import StatsRefresher
 
 log = structlog.get_logger("inferq.gateway")
@@ -65,7 +66,11 @@ class Gateway:
             name=f"inferq-gateway-replies-{s.gateway_id}",
             block_s=s.reply_block_ms / 1000,
         )
-        self.pipeline = AutoPipeline(self.redis)
+        # One Redis: the hot path's commands go over one lean pipelining connection.
+        lean = None if self.cluster else Endpoint.of(self.redis)
+        self.pipeline = AutoPipeline(
+            self.redis, lean=RespConnection(lean) if lean is not None else None
+        )
         self.registry = ModelRegistry(
             self.redis,
             self.keys,

@@ -5,6 +5,10 @@ request). Sent one by one they would each take a pooled connection and a round t
 queue, and a flusher sends everything queued as one pipeline on one connection. While a pipeline
 is in flight the next batch accumulates, so under load each round trip carries many commands,
 and the number of connections is bounded by ``max_in_flight`` whatever the concurrency.
+
+On one Redis the batches go over ``runtime.resp.RespConnection`` (one lean connection that
+pipelines batch after batch); on a cluster, and for commands with redis-py options, over a
+redis-py pipeline, which routes each command to its slot's node.
 """
 
 from __future__ import annotations
@@ -14,13 +18,21 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from runtime.resp import RespConnection
+
 
 class AutoPipeline:
     def __init__(
-        self, redis: aioredis.Redis, *, max_in_flight: int = 2, max_batch: int = 512
+        self,
+        redis: aioredis.Redis,
+        *,
+        lean: RespConnection | None = None,
+        max_in_flight: int = 2,
+        max_batch: int = 512,
     ) -> None:
         self.redis = redis
         self._redis = redis
+        self._lean = lean
         self._queue: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]] = []
         self._slots = asyncio.Semaphore(max_in_flight)
         self._max_batch = max_batch
@@ -62,12 +74,9 @@ class AutoPipeline:
     async def _send(
         self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
     ) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        for args, options, _ in batch:
-            pipe.execute_command(*args, **options)
         try:
             self.round_trips += 1
-            replies = await pipe.execute(raise_on_error=False)
+            replies = await self._replies(batch)
         except BaseException as e:
             for _, _, future in batch:
                 if not future.done():
@@ -83,7 +92,20 @@ class AutoPipeline:
             else:
                 future.set_result(reply)
 
+    async def _replies(
+        self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
+    ) -> list[Any]:
+        if self._lean is not None and not any(options for _, options, _ in batch):
+            return await self._lean.execute([args for args, _, _ in batch])
+        pipe = self._redis.pipeline(transaction=False)
+        for args, options, _ in batch:
+            pipe.execute_command(*args, **options)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        return replies
+
     async def close(self) -> None:
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._lean is not None:
+            await self._lean.close()

@@ -37,6 +37,63 @@ def _timed_out_response(seconds: float) -> bytes:
     return _TIMED_OUT + f"content-length: {len(body)}\r\n\r\n".encode() + body
 
 
+HOLD_BODY_BYTES = 64 * 1024
+"""Responses whose body is at most this size go out in one write with their headers; a larger
+body is written after them as it is (joining would copy it)."""
+
+
+class OneWrite:
+    """A transport that sends each response's status line and headers together with its body.
+
+    uvicorn writes a response's header block when the app starts the response and its body
+    when the app sends it: two ``send()`` system calls, the first of them the gateway's largest
+    single cost at concurrency 64 (BENCHMARKS.md, issue #14). This holds a header block until
+    the next write (the body, in the same event-loop turn), or until the end of the turn, or a
+    close, whichever comes first, so nothing is ever delayed past the current turn and the
+    bytes keep their order."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self._transport = transport
+        self._held: bytes | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if len(data) <= HOLD_BODY_BYTES:
+                self._transport.write(held + data)
+                return
+            self._transport.write(held)
+        elif data[:5] == b"HTTP/":
+            self._held = data
+            self._loop.call_soon(self.flush)
+            return
+        self._transport.write(data)
+
+    def writelines(self, lines: Any) -> None:
+        self.flush()
+        self._transport.writelines(lines)
+
+    def flush(self) -> None:
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._transport.write(held)
+
+    def write_eof(self) -> None:
+        self.flush()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     """uvicorn's HTTP protocol (httptools, or h11 where httptools is missing) plus a deadline
     on each request's headers. A new request's headers are complete when the protocol starts
@@ -47,7 +104,7 @@ class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._header_timer: asyncio.TimerHandle | None = None
         self._cycle_at_arm: Any = None
-        super().connection_made(transport)
+        super().connection_made(OneWrite(transport))
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -95,6 +152,9 @@ def server_config(app: Any, settings: GatewaySettings) -> uvicorn.Config:
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,
         log_level="warning",
         access_log=False,
+        # The gateway never reads the client's address, so uvicorn's X-Forwarded-For rewriting
+        # would be a middleware layer on every request for nothing.
+        proxy_headers=False,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )

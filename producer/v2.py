@@ -45,6 +45,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from producer.errors import BadRequest
 from protocol.errors import ProtocolError
@@ -75,8 +76,6 @@ _EXACT_FLOAT_INT = 2**53
 _FLOAT_TYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind == "f")
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-"""Compact and strict: non-finite outputs never reach it (they go as binary data)."""
 _FLOAT_KINDS = "f"
 
 _KIND_WORDS = {
@@ -129,7 +128,20 @@ def _refuse_constant(literal: str) -> Any:
 def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
     """Decode ``body`` as a UTF-8 JSON object; anything else is a BadRequest about ``what``."""
     try:
-        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # orjson is strict JSON too, but words its errors for programmers: the standard
+        # library reads the body again to say what is wrong (or reads what orjson cannot, an
+        # integer beyond 64 bits, for the checks below to judge).
+        value = _parse_slowly(body, what)
+    if not isinstance(value, dict):
+        raise BadRequest(f"{what} must be a JSON object, got {_json_type(value)}")
+    return value
+
+
+def _parse_slowly(body: bytes, what: str) -> Any:
+    try:
+        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
         raise BadRequest(f"{what} is not valid JSON: it is not UTF-8 text ({e})") from None
     except _NotJsonNumber as e:
@@ -148,9 +160,6 @@ def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
         ) from None
     except RecursionError:
         raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
-    if not isinstance(value, dict):
-        raise BadRequest(f"{what} must be a JSON object, got {_json_type(value)}")
-    return value
 
 
 def parse_infer_request(
@@ -307,7 +316,8 @@ def encode_infer_response(
     response["model_name"] = model_name
     response["model_version"] = model_version
     response["outputs"] = entries
-    header = _ENCODER.encode(response).encode("ascii")
+    # Compact and strict: non-finite outputs never reach it (they go as binary data).
+    header = orjson.dumps(response)
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)

@@ -1,0 +1,226 @@
+"""A lean, pipelining Redis connection for the gateway's hot path (one Redis, not a cluster).
+
+Every request the gateway serves costs it an XADD (and a GET when the cache is on), sent through
+``producer.pipeliner.AutoPipeline``. Sent as a redis-py pipeline, each round trip paid a pool
+checkout under ``asyncio.timeout``, command packing in Python, an ``asyncio.StreamWriter`` write
+and a reading coroutine: at thousands of requests a second, the gateway's largest cost after
+HTTP itself (BENCHMARKS.md, issue #14). This connection is an ``asyncio.Protocol``: hiredis packs
+the commands (C), a batch goes out in one ``transport.write``, hiredis parses replies as bytes
+arrive, and each batch's future gets its replies in order. Batches do not wait for each other:
+the next is written while earlier ones are in flight (Redis answers in order), so one
+connection carries the whole gateway.
+
+It is set up as redis-py sets up its own connections, from the same client's settings: host,
+port, TLS context (``rediss://``), AUTH user and password, database and client name. Error
+replies become redis-py's exception classes, so ``runtime.faults`` classifies them alike. A
+connection that breaks, or whose oldest unanswered batch has waited longer than the socket
+timeout, fails every batch in flight (``ConnectionError``, ``TimeoutError``) and is replaced by
+the next batch. No command is ever sent twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ssl
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import hiredis
+import redis.asyncio as aioredis
+from redis._parsers import BaseParser
+from redis.asyncio.connection import Connection, SSLConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+Command = Sequence[str | bytes | int | float]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """Where and how to connect, as the redis-py client it stands beside would."""
+
+    host: str
+    port: int
+    ssl: ssl.SSLContext | None = None
+    username: str | None = None
+    password: str | None = None
+    db: int = 0
+    client_name: str | None = None
+    connect_timeout_s: float = 3.0
+    reply_timeout_s: float = 5.0
+
+    @classmethod
+    def of(cls, client: aioredis.Redis) -> Endpoint | None:
+        """The endpoint of ``client``'s connections; None for what this connection does not
+        speak (a Unix socket, a cluster client)."""
+        pool = getattr(client, "connection_pool", None)
+        if pool is None or not issubclass(pool.connection_class, Connection):
+            return None
+        kw = pool.connection_kwargs
+        if "path" in kw or kw.get("protocol") not in (None, 2, "2"):
+            return None
+        context = None
+        if issubclass(pool.connection_class, SSLConnection):
+            context = pool.connection_class(**kw).ssl_context.get()
+        return cls(
+            host=kw.get("host", "localhost"),
+            port=int(kw.get("port", 6379)),
+            ssl=context,
+            username=kw.get("username"),
+            password=kw.get("password"),
+            db=int(kw.get("db", 0) or 0),
+            client_name=kw.get("client_name"),
+            connect_timeout_s=kw.get("socket_connect_timeout") or 3.0,
+            reply_timeout_s=kw.get("socket_timeout") or 5.0,
+        )
+
+    def setup(self) -> list[Command]:
+        """The commands that open a session: AUTH, SELECT, CLIENT SETNAME, as needed."""
+        commands: list[Command] = []
+        if self.password is not None:
+            commands.append(
+                ("AUTH", self.username, self.password) if self.username else ("AUTH", self.password)
+            )
+        if self.db:
+            commands.append(("SELECT", self.db))
+        if self.client_name:
+            commands.append(("CLIENT", "SETNAME", self.client_name))
+        return commands
+
+
+@dataclass(slots=True)
+class _Batch:
+    count: int
+    replies: list[Any]
+    future: asyncio.Future[list[Any]]
+    sent_at: float
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, reply_timeout_s: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._reader = hiredis.Reader(replyError=BaseParser.parse_error)
+        self._pending: collections.deque[_Batch] = collections.deque()
+        self._timeout = reply_timeout_s
+        self._watchdog: asyncio.TimerHandle | None = None
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+
+    def send(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]]:
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        if self.closed or self.transport is None:
+            future.set_exception(RedisConnectionError("the Redis connection is closed"))
+            return future
+        pack = hiredis.pack_command
+        data = b"".join([pack(tuple(c)) for c in commands])  # type: ignore[arg-type]
+        self._pending.append(_Batch(len(commands), [], future, self._loop.time()))
+        self.transport.write(data)
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_later(self._timeout, self._check)
+        return future
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        gets = self._reader.gets
+        pending = self._pending
+        while (reply := gets()) is not False:
+            if not pending:  # a reply to nothing: the stream is out of step, so end it
+                self._fail(RedisConnectionError("Redis sent a reply nobody asked for"))
+                return
+            batch = pending[0]
+            batch.replies.append(reply)
+            if len(batch.replies) == batch.count:
+                pending.popleft()
+                if not batch.future.done():
+                    batch.future.set_result(batch.replies)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(RedisConnectionError(f"the connection to Redis was lost ({exc or 'closed'})"))
+
+    def _check(self) -> None:
+        """One timer per reply timeout, not per batch: fail everything once the oldest
+        unanswered batch is overdue, else look again when it would be."""
+        self._watchdog = None
+        if not self._pending or self.closed:
+            return
+        overdue = self._loop.time() - self._pending[0].sent_at
+        if overdue >= self._timeout:
+            self._fail(RedisTimeoutError(f"Redis did not answer within {self._timeout:g} s"))
+        else:
+            self._watchdog = self._loop.call_later(self._timeout - overdue, self._check)
+
+    def _fail(self, error: Exception) -> None:
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        while self._pending:
+            batch = self._pending.popleft()
+            if not batch.future.done():
+                batch.future.set_exception(error)
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+
+class RespConnection:
+    """One pipelining connection, opened on first use and again after it breaks."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self._protocol: _Protocol | None = None
+        self._opening: asyncio.Lock | None = None
+
+    async def execute(self, commands: Sequence[Command]) -> list[Any]:
+        """Send ``commands`` in one write; their replies in order, an error reply as its
+        redis-py exception (not raised). Raises ConnectionError or TimeoutError when the
+        connection fails before every reply has arrived."""
+        protocol = self._protocol
+        if protocol is None or protocol.closed:
+            protocol = await self._open()
+        return await protocol.send(commands)
+
+    async def _open(self) -> _Protocol:
+        if self._opening is None:
+            self._opening = asyncio.Lock()
+        async with self._opening:  # one connect at a time, however many callers wait
+            if self._protocol is not None and not self._protocol.closed:
+                return self._protocol
+            e = self.endpoint
+            loop = asyncio.get_running_loop()
+            protocol = _Protocol(e.reply_timeout_s)
+            try:
+                async with asyncio.timeout(e.connect_timeout_s):
+                    await loop.create_connection(
+                        lambda: protocol,
+                        e.host,
+                        e.port,
+                        ssl=e.ssl,
+                        server_hostname=e.host if e.ssl is not None else None,
+                    )
+                    setup = e.setup()
+                    replies = await protocol.send(setup) if setup else []
+            except TimeoutError:
+                protocol._fail(RedisTimeoutError("timed out connecting to Redis"))
+                raise RedisTimeoutError(
+                    f"timed out connecting to Redis at {e.host}:{e.port}"
+                ) from None
+            except OSError as err:
+                raise RedisConnectionError(
+                    f"cannot connect to Redis at {e.host}:{e.port}: {err}"
+                ) from err
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    protocol._fail(RedisConnectionError("Redis refused the session"))
+                    raise reply
+            self._protocol = protocol
+            return protocol
+
+    async def close(self) -> None:
+        if self._protocol is not None:
+            self._protocol._fail(RedisConnectionError("the connection was closed"))
+            self._protocol = None
