@@ -1,0 +1,160 @@
+"""The lean pipelining connection against a real redis-server: batches get their own replies
+in order however many are in flight, error replies are redis-py's exceptions and fail only
+their command, the session is set up as redis-py would (AUTH, database, client name), and a
+connection that breaks or stops answering fails what is in flight and is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from inferq.redisserver import RedisServer
+from runtime.faults import Fault, classify
+from runtime.resp import Endpoint, RespConnection
+
+pytestmark = pytest.mark.integration
+
+
+def endpoint_of(url: str, **options: object) -> Endpoint:
+    client = aioredis.Redis.from_url(url, **options)  # type: ignore[arg-type]
+    found = Endpoint.of(client)
+    assert found is not None
+    return found
+
+
+def with_connection(endpoint: Endpoint, body: Callable[[RespConnection], Awaitable[None]]) -> None:
+    async def go() -> None:
+        connection = RespConnection(endpoint)
+        try:
+            await body(connection)
+        finally:
+            await connection.close()
+
+    asyncio.run(go())
+
+
+def test_a_batch_gets_its_replies_in_order(redis_url, namespace):
+    async def body(c: RespConnection) -> None:
+        key = f"{namespace}:k"
+        assert await c.execute([("SET", key, b"v"), ("GET", key), ("INCR", f"{key}:n")]) == [
+            b"OK",
+            b"v",
+            1,
+        ]
+
+    with_connection(endpoint_of(redis_url), body)
+
+
+def test_batches_in_flight_together_each_get_their_own_replies(redis_url, namespace):
+    async def body(c: RespConnection) -> None:
+        key = f"{namespace}:n"
+        batches = [[("INCR", key), ("GET", key)] for _ in range(300)]
+        replies = await asyncio.gather(*(c.execute(b) for b in batches))
+        assert [r[0] for r in replies] == list(range(1, 301))
+        assert all(int(got) == n for n, got in replies)
+
+    with_connection(endpoint_of(redis_url), body)
+
+
+def test_an_error_reply_is_redis_pys_exception_and_fails_only_its_command(redis_url, namespace):
+    async def body(c: RespConnection) -> None:
+        text = f"{namespace}:text"
+        replies = await c.execute(
+            [
+                ("SET", text, "a"),
+                ("XADD", text, "*", "f", "v"),
+                ("EVALSHA", "0" * 40, 0),
+                ("GET", text),
+            ]
+        )
+        assert replies[0] == b"OK" and replies[3] == b"a"
+        assert isinstance(replies[1], ResponseError) and "WRONGTYPE" in str(replies[1])
+        assert isinstance(replies[2], NoScriptError)
+        assert classify(replies[1]) is classify(ResponseError("WRONGTYPE x"))
+
+    with_connection(endpoint_of(redis_url), body)
+
+
+def test_the_session_has_the_urls_database_and_the_clients_name(redis_server, namespace):
+    url = f"redis://127.0.0.1:{redis_server.port}/5"
+    endpoint = endpoint_of(url, client_name="inferq-test-lean")
+    assert (endpoint.db, endpoint.client_name) == (5, "inferq-test-lean")
+
+    async def body(c: RespConnection) -> None:
+        await c.execute([("SET", f"{namespace}:db5", "here")])
+        assert await c.execute([("CLIENT", "GETNAME")]) == [b"inferq-test-lean"]
+
+    with_connection(endpoint, body)
+    assert redis.Redis.from_url(url).get(f"{namespace}:db5") == b"here"
+    assert redis.Redis.from_url(redis_server.url).get(f"{namespace}:db5") is None
+
+
+def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_refused(namespace):
+    with RedisServer(password="s3cret") as server:
+        good = endpoint_of(server.url)
+        bad = endpoint_of(f"redis://:wrong@127.0.0.1:{server.port}/0")
+
+        async def authenticated(c: RespConnection) -> None:
+            assert await c.execute([("PING",)]) == [b"PONG"]
+
+        async def refused(c: RespConnection) -> None:
+            with pytest.raises(redis.AuthenticationError):
+                await c.execute([("PING",)])
+
+        with_connection(good, authenticated)
+        with_connection(bad, refused)
+
+
+def test_tls_urls_get_an_ssl_context_and_unix_sockets_stay_on_redis_py():
+    tls = endpoint_of("rediss://:pw@127.0.0.1:6390/0?ssl_cert_reqs=none")
+    assert tls.ssl is not None and tls.password == "pw"
+    assert Endpoint.of(aioredis.Redis.from_url("unix:///tmp/redis.sock")) is None
+
+
+def test_a_lost_server_fails_the_batch_in_flight_and_the_next_batch_reconnects(namespace):
+    first = RedisServer().start()
+    endpoint = endpoint_of(first.url)
+    second = RedisServer(port=first.port)
+
+    async def body(c: RespConnection) -> None:
+        assert await c.execute([("PING",)]) == [b"PONG"]
+        first.stop()
+        with pytest.raises(RedisConnectionError):
+            await c.execute([("PING",)])
+        with pytest.raises(RedisConnectionError):  # nothing listens: connecting fails, clearly
+            await c.execute([("PING",)])
+        second.start()
+        assert await c.execute([("PING",)]) == [b"PONG"]
+
+    try:
+        with_connection(endpoint, body)
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_a_reply_later_than_the_timeout_fails_the_batch_and_the_connection_recovers(
+    redis_url, namespace
+):
+    endpoint = endpoint_of(redis_url, socket_timeout=0.3)
+    admin = redis.Redis.from_url(redis_url)
+
+    async def body(c: RespConnection) -> None:
+        assert await c.execute([("PING",)]) == [b"PONG"]
+        admin.execute_command("CLIENT", "PAUSE", 3000, "ALL")
+        try:
+            with pytest.raises(RedisTimeoutError):
+                await c.execute([("GET", f"{namespace}:x")])
+        finally:
+            admin.execute_command("CLIENT", "UNPAUSE")
+        assert await c.execute([("PING",)]) == [b"PONG"]
+        assert classify(RedisTimeoutError("x")) is Fault.CONNECTION
+
+    with_connection(endpoint, body)
