@@ -186,11 +186,25 @@ class Service:
         raise RuntimeError(f"only {seen} of {n} workers serve {model} after {timeout_s:.0f} s")
 
 
+SUMMARIES = ROOT / "bench" / "summaries"
+"""Committed: the figures BENCHMARKS.md quotes, each file with its revision, command and machine
+(``bench/results/`` holds the same and more, and is not committed)."""
+
+
 def save(name: str, data: dict[str, Any]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(data, indent=2))
-    return path
+    """Write a run's results to ``bench/results/NAME.json`` and ``bench/summaries/NAME.json``,
+    stamped with the git revision, the command and the machine unless they say already."""
+    stamped = {
+        "revision": git_revision(),
+        "command": " ".join(["python", *sys.argv]),
+        "machine": machine(),
+        **data,
+    }
+    text = json.dumps(stamped, indent=2, default=str)
+    for folder in (RESULTS, SUMMARIES):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.json").write_text(text)
+    return RESULTS / f"{name}.json"
 
 
 def git_revision(root: Path = ROOT) -> str:
