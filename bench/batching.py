@@ -8,7 +8,12 @@ for every max_batch (the worker's ``--max-batch`` flag):
 * ``gpu``: the simulated backend with a GPU-like cost, a batch takes 5 ms + 0.05 ms per row,
   sleeping (no CPU), so the model alone could serve ``B / (5 + 0.05 B)`` requests per ms;
 * ``digits``: the real ONNX model on the CPU (7 us a row in-process): here the serving layers
-  are the cost, and batching amortises the worker's per-batch work.
+  are the cost, and batching amortises the worker's per-batch work;
+* ``medium``: a real ONNX network on the CPU (``bench/medium_model.py``, 1024→2048→2048→2048→1000,
+  random weights, one intra-op thread), where the model is most of the cost: the real-model
+  figure beside the simulated ``gpu`` one (max_batch is capped at the model's 32).
+
+Tables label the simulated model as such.
 
 Saturation is a closed loop at high concurrency (default 256 connections, so at every
 max_batch more requests are waiting than one batch takes), 1 s warm-up, then DURATION s
@@ -26,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import medium_model
 from bench.common import (
     CpuMeter,
     Service,
@@ -43,6 +49,21 @@ from bench.common import (
 from tests.support import sim_body
 
 GPU = {"base_ms": 5.0, "per_row_ms": 0.05, "max_batch": 128, "flush_ms": 2.0}
+
+
+LABELS = {"gpu": "gpu (simulated: sleeps)", "digits": "digits (real)", "medium": "medium (real)"}
+
+
+def _medium_body() -> dict[str, Any]:
+    row = [round(0.001 * (i % 1000), 3) for i in range(medium_model.LAYERS[0])]
+    return {
+        "inputs": [
+            {"name": "input", "datatype": "FP32", "shape": [1, len(row)], "data": row},
+        ]
+    }
+
+
+BODIES = {"gpu": lambda: sim_body(1.0), "digits": digits_body, "medium": _medium_body}
 
 
 def model_ceiling(max_batch: int) -> float:
@@ -94,7 +115,7 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", default="1,8,32,128", help="max_batch values")
-    parser.add_argument("--models", default="gpu,digits", help="gpu and/or digits")
+    parser.add_argument("--models", default="gpu,digits,medium", help="gpu, digits, medium")
     parser.add_argument("--duration", type=float, default=5.0, help="seconds measured per run")
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=256)
@@ -103,10 +124,13 @@ def main() -> None:
     models = [m for m in args.models.split(",") if m]
     rows: list[dict[str, Any]] = []
     with model_repository(digits="digits" in models, gpu=GPU) as repo:
+        if "medium" in models:
+            medium_model.write(repo)
         for model in models:
-            body = digits_body() if model == "digits" else sim_body(1.0)
             for b in batches:
-                rows.append(measure(repo, model, body, b, args))
+                if model == "medium" and b > medium_model.MAX_BATCH:
+                    continue  # the model's own cap: the worker would run it at 32 anyway
+                rows.append(measure(repo, model, BODIES[model](), b, args))
 
     table = []
     for row in rows:
@@ -114,7 +138,7 @@ def main() -> None:
         ceiling = row.get("model_ceiling_rps")
         table.append(
             [
-                row["model"],
+                LABELS[row["model"]],
                 row["max_batch"],
                 fmt(row["rps"], 0),
                 f"{row['rps'] / base['rps']:.1f}x",
@@ -144,6 +168,8 @@ def main() -> None:
     for model in models:
         by = {r["max_batch"]: r for r in rows if r["model"] == model}
         for b in batches[1:]:
+            if b not in by:
+                continue
             print(
                 f"  {model}: max_batch {b} / max_batch {batches[0]}: "
                 f"{by[b]['rps'] / by[batches[0]]['rps']:.1f}x"
@@ -151,6 +177,7 @@ def main() -> None:
     result = {
         "machine": machine(),
         "revision": git_revision(),
+        "labels": LABELS,
         "simulated_model": GPU,
         "concurrency": args.concurrency,
         "duration_s": args.duration,
