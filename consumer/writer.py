@@ -1,10 +1,13 @@
 """Publishes results: one pipeline per flush for every finished request, then the acks.
 
-For each request: ``SET result_key payload PX ttl NX`` (the key serves the cache and idempotent
-redelivery, and is written only if absent), ``XADD reply_to NOMKSTREAM`` to wake the waiting
-gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), the job
-record's transition, or the dead letter. Flushes coalesce: results finished while one pipeline is
-in flight go out together in the next.
+For each request: ``XADD reply_to NOMKSTREAM`` to wake the waiting gateway (NOMKSTREAM: a gateway
+that has gone away must not get its stream recreated), ``SET result_key payload PX ttl NX`` where
+the result is kept (a cache entry, a result nobody waits on a reply stream for; written only if
+absent, so a redelivered entry never overwrites it), the job record's transition, or the dead
+letter. An uncached synchronous result is written once, to the reply stream; only when that
+stream is missing (the XADD answers nil) is it stored in its result key, in a step of its own
+before the ack, for the gateway's loss sweep to find (``consumer.outgoing``). Flushes coalesce:
+results finished while one pipeline is in flight go out together in the next.
 
 Acknowledged entries leave their stream at once: a trim (``consumer.trim``) rides with each
 stream's XACK (it never fails: no stream or group trims nothing).
@@ -59,6 +62,8 @@ class _Write:
     out: Outgoing
     done: set[str] = field(default_factory=set)
     permanent_failures: int = 0
+    undelivered: bool = False
+    """Its reply stream was missing: a backed-up result is stored in its key instead."""
 
 
 class ResultWriter:
@@ -166,28 +171,35 @@ class ResultWriter:
     async def _queue_steps(self, pipe: Any, write: _Write) -> list[tuple[str, int]]:
         """Queue the commands of the steps this write has not done yet."""
         out, queued = write.out, []
-        if out.dead_letter is not None and "dead_letter" not in write.done:
-            fields: Any = out.letter().to_fields()
-            pipe.xadd(out.dead_letter, fields, maxlen=DLQ_MAXLEN, approximate=True)
-            queued.append(("dead_letter", 1))
-        if out.payload is not None and out.result_key and "result" not in write.done:
-            pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
-            queued.append(("result", 1))
-        if out.payload is not None and out.reply_to and "reply" not in write.done:
-            pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
-            queued.append(("reply", 1))
-        if out.job is not None and "job" not in write.done:
-            assert self._transition is not None
-            job = out.job
-            await queue_script(pipe, self._transition, [job.key], [job.required.value, *job.args])
-            pipe.pexpire(job.key, max(1, job.ttl_ms))
-            pipe.xadd(
-                self._job_events,
-                {JOB_EVENT_FIELD: job.job_id},
-                maxlen=JOB_EVENTS_MAXLEN,
-                approximate=True,
-            )
-            queued.append(("job", 3))
+        for step in _steps(write):
+            if step in write.done:
+                continue
+            if step == "dead_letter":
+                assert out.dead_letter is not None
+                fields: Any = out.letter().to_fields()
+                pipe.xadd(out.dead_letter, fields, maxlen=DLQ_MAXLEN, approximate=True)
+                queued.append((step, 1))
+            elif step == "result":
+                pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
+                queued.append((step, 1))
+            elif step == "reply":
+                assert out.payload is not None
+                pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
+                queued.append((step, 1))
+            else:
+                assert self._transition is not None and out.job is not None
+                job = out.job
+                await queue_script(
+                    pipe, self._transition, [job.key], [job.required.value, *job.args]
+                )
+                pipe.pexpire(job.key, max(1, job.ttl_ms))
+                pipe.xadd(
+                    self._job_events,
+                    {JOB_EVENT_FIELD: job.job_id},
+                    maxlen=JOB_EVENTS_MAXLEN,
+                    approximate=True,
+                )
+                queued.append((step, 3))
         return queued
 
     def _check_steps(
@@ -200,6 +212,10 @@ class ResultWriter:
             i += count
             if not errors:
                 write.done.add(step)
+                if step == "reply" and replies[i - 1] is None:
+                    # NOMKSTREAM: the reply stream is missing. A backed-up result is stored
+                    # in its key instead (next flush), where the gateway's loss sweep looks.
+                    write.undelivered = True
                 continue
             error = errors[0]
             fault = classify(error)
@@ -261,18 +277,25 @@ class ResultWriter:
                 self._metrics.observe_write_failure(write.out.model, fault.value)
 
 
-def _steps(out: Outgoing) -> set[str]:
-    needed = set()
-    if out.dead_letter is not None:
-        needed.add("dead_letter")
-    if out.payload is not None and out.result_key:
-        needed.add("result")
-    if out.payload is not None and out.reply_to:
-        needed.add("reply")
-    if out.job is not None:
-        needed.add("job")
-    return needed
+def _steps(write: _Write) -> tuple[str, ...]:
+    """Everything the write must have stored before its entry is acknowledged, in order."""
+    out = write.out
+    result = (
+        out.payload is not None
+        and bool(out.result_key)
+        and (not out.result_backup or not out.reply_to or write.undelivered)
+    )
+    return tuple(
+        step
+        for step, needed in (
+            ("dead_letter", out.dead_letter is not None),
+            ("result", result),
+            ("reply", out.payload is not None and bool(out.reply_to)),
+            ("job", out.job is not None),
+        )
+        if needed
+    )
 
 
 def _complete(write: _Write) -> bool:
-    return _steps(write.out) <= write.done
+    return write.done.issuperset(_steps(write))

@@ -59,13 +59,14 @@ def run_writer(
     url: str,
     body: Callable[[ResultWriter, Ledger, aioredis.Redis], Awaitable[None]],
     metrics: WorkerMetrics | None = None,
+    ledger: Ledger | None = None,
 ) -> None:
     async def go() -> None:
         client = aioredis.Redis.from_url(url)
-        ledger = Ledger()
+        held = ledger if ledger is not None else Ledger()
         writer = ResultWriter(
             client,
-            ledger,
+            held,
             job_events=EVENTS,
             transition=client.register_script(TRANSITION_SCRIPT),
             metrics=metrics,
@@ -73,7 +74,7 @@ def run_writer(
         )
         task = asyncio.create_task(writer.run())
         try:
-            await body(writer, ledger, client)
+            await body(writer, held, client)
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
@@ -86,18 +87,82 @@ def result(entry_id: bytes, **fields: Any) -> Outgoing:
     return Outgoing(STREAM, entry_id, b"payload", model="m", **fields)
 
 
-def test_a_result_and_its_reply_are_stored_before_the_entry_is_acknowledged(server, r):
+def backed_up(entry_id: bytes, key: str) -> Outgoing:
+    """An uncached synchronous result: its per-request key only backs up its reply."""
+    return result(entry_id, result_key=key, ttl_ms=60_000, reply_to=REPLIES, result_backup=True)
+
+
+def test_a_cached_result_and_its_reply_are_stored_before_the_entry_is_acknowledged(server, r):
     entry_id = pending_entry(r)
 
     async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
         ledger.take(STREAM, entry_id)
-        writer.put([result(entry_id, result_key="w:result:1", ttl_ms=60_000, reply_to=REPLIES)])
+        writer.put([result(entry_id, result_key="w:cache:1", ttl_ms=60_000, reply_to=REPLIES)])
         await writer.wait_idle()
         assert len(ledger) == 0
 
     run_writer(server.url, body)
-    assert r.get("w:result:1") == b"payload"
+    assert r.get("w:cache:1") == b"payload"
+    assert 0 < r.pttl("w:cache:1") <= 60_000
     assert r.xrange(REPLIES)[-1][1] == {FIELD: b"payload"}
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+
+
+def test_an_uncached_sync_result_is_written_once_to_the_reply_stream(server, r):
+    """The reply carries the same bytes as the per-request result key: the key is not written
+    (the cache is off, and the waiting gateway reads the reply)."""
+    entry_id = pending_entry(r)
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        writer.put([backed_up(entry_id, "w:result:1")])
+        await writer.wait_idle()
+        assert len(ledger) == 0
+
+    run_writer(server.url, body)
+    assert r.xrange(REPLIES)[-1][1] == {FIELD: b"payload"}
+    assert not r.exists("w:result:1")
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+
+
+def test_an_undeliverable_reply_stores_the_result_key_before_the_entry_is_acknowledged(server, r):
+    """The gateway's reply stream is missing (expired, evicted, lost): the reply is dropped
+    (NOMKSTREAM), so the result goes to its key, where the gateway's loss sweep looks."""
+    entry_id = pending_entry(r)
+    r.delete(REPLIES)
+    acked_with_key: list[bool] = []
+
+    class Watched(Ledger):
+        def acknowledged(self, entries: Any) -> None:
+            acked_with_key.append(r.get("w:result:2") == b"payload")
+            super().acknowledged(entries)
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        writer.put([backed_up(entry_id, "w:result:2")])
+        await writer.wait_idle()
+        assert len(ledger) == 0
+
+    run_writer(server.url, body, ledger=Watched())
+    assert not r.exists(REPLIES)  # not recreated
+    assert r.get("w:result:2") == b"payload"
+    assert 0 < r.pttl("w:result:2") <= 60_000
+    assert acked_with_key == [True]  # acknowledged once, and only after the key was stored
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+
+
+def test_a_result_without_a_reply_stream_is_stored_in_its_key(server, r):
+    """Nobody waits on a reply stream (a replayed dead letter, a hand-queued request): the
+    result key is where it is read."""
+    entry_id = pending_entry(r)
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        ledger.take(STREAM, entry_id)
+        writer.put([result(entry_id, result_key="w:result:3", ttl_ms=60_000, result_backup=True)])
+        await writer.wait_idle()
+
+    run_writer(server.url, body)
+    assert r.get("w:result:3") == b"payload"
     assert r.xpending(STREAM, GROUP)["pending"] == 0
 
 
@@ -108,7 +173,7 @@ def test_a_refused_result_is_retried_and_its_entry_stays_pending_until_stored(se
     async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
         ledger.take(STREAM, entry_id)
         r.config_set("maxmemory", 1)  # out of memory, noeviction: writes refused
-        writer.put([result(entry_id, result_key="w:result:2", ttl_ms=60_000, reply_to=REPLIES)])
+        writer.put([result(entry_id, result_key="w:cache:2", ttl_ms=60_000, reply_to=REPLIES)])
         await until(lambda: writer.failures >= 3)  # tried, refused, tried again, ...
         assert r.xpending(STREAM, GROUP)["pending"] == 1
         assert ledger.stage((STREAM, entry_id)) is Stage.DELIVERED
@@ -116,7 +181,7 @@ def test_a_refused_result_is_retried_and_its_entry_stays_pending_until_stored(se
         await writer.wait_idle()
 
     run_writer(server.url, body, metrics)
-    assert r.get("w:result:2") == b"payload"
+    assert r.get("w:cache:2") == b"payload"
     assert r.xpending(STREAM, GROUP)["pending"] == 0
     refused = metrics.registry.get_sample_value(
         "inferq_worker_write_failures_total", {"model": "m", "reason": "oom"}
