@@ -432,4 +432,4 @@ class Worker:
             slot.changed.set()
         await asyncio.gather(*(slot.idle.wait() for slot in self.slots.values()))
         if self._writer is not None:
-            await self._writer.wait_idle()
+            await self._writer.drain()

@@ -60,6 +60,7 @@ def run_writer(
     body: Callable[[ResultWriter, Ledger, aioredis.Redis], Awaitable[None]],
     metrics: WorkerMetrics | None = None,
     ledger: Ledger | None = None,
+    trim_interval_s: float = 0.5,
 ) -> None:
     async def go() -> None:
         client = aioredis.Redis.from_url(url)
@@ -71,6 +72,7 @@ def run_writer(
             transition=client.register_script(TRANSITION_SCRIPT),
             metrics=metrics,
             ack_delay_s=0.0,
+            trim_interval_s=trim_interval_s,
         )
         task = asyncio.create_task(writer.run())
         try:
@@ -263,3 +265,56 @@ def test_entries_of_a_stream_that_vanished_are_let_go_without_an_error(server, r
         assert len(ledger) == 0
 
     run_writer(server.url, body)
+
+
+def trims(r: redis.Redis) -> int:
+    """Trim scripts run since the last CONFIG RESETSTAT."""
+    return int(r.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def answer(writer: ResultWriter, ledger: Ledger, r: redis.Redis) -> bytes:
+    """Queue one more request, have this worker read it, and hand its result to the writer."""
+    entry_id: bytes = r.xadd(STREAM, {FIELD: b"request"})
+    r.xreadgroup(GROUP, "me", {STREAM: ">"})
+    ledger.take(STREAM, entry_id)
+    writer.put([result(entry_id, reply_to=REPLIES)])
+    return entry_id
+
+
+def test_a_trim_rides_with_a_streams_xack_at_most_once_per_interval(server, r):
+    """Acknowledged entries leave their stream with the first ack, and with the trim at the end
+    of the interval for acks that came sooner (here, alone: the writer went idle)."""
+    pending_entry(r)
+    r.xack(STREAM, GROUP, *[e for e, _ in r.xrange(STREAM)])
+    r.config_resetstat()
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        answer(writer, ledger, r)
+        await writer.wait_idle()
+        assert (trims(r), r.xlen(STREAM)) == (1, 0)  # trimmed with its ack
+        answer(writer, ledger, r)
+        answer(writer, ledger, r)
+        await writer.wait_idle()
+        assert (trims(r), r.xlen(STREAM)) == (1, 2)  # acknowledged, its trim is not due yet
+        await until(lambda: r.xlen(STREAM) == 0, what="the trim at the end of the interval")
+        assert trims(r) == 2
+
+    run_writer(server.url, body, trim_interval_s=1.0)
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+
+
+def test_draining_trims_at_once_what_waits_for_its_interval(server, r):
+    """On shutdown the worker does not wait out the interval, nor leave the payloads behind."""
+    pending_entry(r)
+    r.xack(STREAM, GROUP, *[e for e, _ in r.xrange(STREAM)])
+
+    async def body(writer: ResultWriter, ledger: Ledger, _: Any) -> None:
+        answer(writer, ledger, r)
+        await writer.wait_idle()
+        answer(writer, ledger, r)
+        await writer.wait_idle()
+        assert r.xlen(STREAM) == 1  # its trim is an hour away
+        await writer.drain()
+        assert r.xlen(STREAM) == 0
+
+    run_writer(server.url, body, trim_interval_s=3600)
