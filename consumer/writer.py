@@ -290,6 +290,7 @@ class ResultWriter:
 
     def _finish(self, batch: list[_Write]) -> None:
         now = time.monotonic()
+        replies: dict[str, list[float]] = {}
         for write in batch:
             out = write.out
             if _complete(write):
@@ -297,8 +298,8 @@ class ResultWriter:
                 if not self._unacked:
                     self._ack_due = now + self._ack_delay_s
                 self._unacked.append(out.entry)
-                if self._metrics is not None and out.finished_at:
-                    self._metrics.observe_reply(out.model, now - out.finished_at)
+                if out.finished_at:
+                    replies.setdefault(out.model, []).append(now - out.finished_at)
                 if self._tracer is not None and out.finished_at:
                     self._tracer.result_written(out.traceparent, out.finished_at, now)
             elif write.permanent_failures >= MAX_PERMANENT_TRIES:
@@ -311,6 +312,9 @@ class ResultWriter:
                 self._ledger.abandon(out.entry)
             else:
                 self._queue.append(write)
+        if self._metrics is not None:
+            for model, seconds in replies.items():
+                self._metrics.observe_replies(model, seconds)
 
     def _count_failures(self, batch: list[_Write], error: BaseException) -> None:
         fault = classify(error)
