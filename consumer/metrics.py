@@ -181,6 +181,7 @@ class WorkerMetrics:
             "This worker's id (its consumer name in the group) and the inferq release.",
             registry=r,
         )
+        self._queue_waits: dict[tuple[str, str], Histogram] = {}
 
     def set_info(self, worker_id: str) -> None:
         self.info.info({"worker": worker_id, "version": runtime.__version__})
@@ -190,7 +191,11 @@ class WorkerMetrics:
         self.held.set_function(count)
 
     def observe_dequeued(self, model: str, lane: str, queue_wait_s: float) -> None:
-        self.queue_wait.labels(model, lane).observe(max(0.0, queue_wait_s))
+        # Per request: the labelled child is looked up in a dict of our own, not by labels().
+        child = self._queue_waits.get((model, lane))
+        if child is None:
+            child = self._queue_waits[(model, lane)] = self.queue_wait.labels(model, lane)
+        child.observe(max(0.0, queue_wait_s))
 
     def observe_batch(
         self,

@@ -175,4 +175,15 @@ def with_timings(
         infer_ms=result.timings.infer_ms,
         batch_size=batch_size,
     )
-    return replace(result, timings=timings)
+    # Not dataclasses.replace, which inspects the fields on every call: this runs per request.
+    r = result
+    return InferResult(
+        id=r.id,
+        status=r.status,
+        model=r.model,
+        version=r.version,
+        outputs=r.outputs,
+        error=r.error,
+        worker=r.worker,
+        timings=timings,
+    )

@@ -324,24 +324,19 @@ class ResultWriter:
                 self._metrics.observe_write_failure(write.out.model, fault.value)
 
 
-def _steps(write: _Write) -> tuple[str, ...]:
+def _steps(write: _Write) -> list[str]:
     """Everything the write must have stored before its entry is acknowledged, in order."""
-    out = write.out
-    result = (
-        out.payload is not None
-        and bool(out.result_key)
-        and (not out.result_backup or not out.reply_to or write.undelivered)
-    )
-    return tuple(
-        step
-        for step, needed in (
-            ("dead_letter", out.dead_letter is not None),
-            ("result", result),
-            ("reply", out.payload is not None and bool(out.reply_to)),
-            ("job", out.job is not None),
-        )
-        if needed
-    )
+    out, steps = write.out, []
+    if out.dead_letter is not None:
+        steps.append("dead_letter")
+    if out.payload is not None:
+        if out.result_key and (not out.result_backup or not out.reply_to or write.undelivered):
+            steps.append("result")
+        if out.reply_to:
+            steps.append("reply")
+    if out.job is not None:
+        steps.append("job")
+    return steps
 
 
 def _complete(write: _Write) -> bool:
