@@ -1,7 +1,8 @@
 """One dispatcher per served model: asks the batch policy when to run, drops what expired,
 drops requests whose callers have gone (``protocol.cancellation``), claims the batch's async
-jobs, runs the batch on the model's own thread (the event loop keeps reading meanwhile), and
-hands every outcome to the writer.
+jobs, runs the batch on the model's own thread (the event loop keeps reading meanwhile) or, for a
+model measured to be quick, on the loop itself (``consumer.inline``), and hands every outcome to
+the writer.
 
 Its Redis commands are the cancellation lookup and the job claim. When Redis cannot answer the
 lookup the requests run (it only costs work); when it refuses the claim, the jobs go back to the
