@@ -1,7 +1,8 @@
 """One dispatcher per served model: asks the batch policy when to run, drops what expired,
 drops requests whose callers have gone (``protocol.cancellation``), claims the batch's async
-jobs, runs the batch on the model's own thread (the event loop keeps reading meanwhile), and
-hands every outcome to the writer.
+jobs, runs the batch on the model's own thread (the event loop keeps reading meanwhile) or, for a
+model measured to be quick, on the loop itself (``consumer.inline``), and hands every outcome to
+the writer.
 
 Its Redis commands are the cancellation lookup and the job claim. When Redis cannot answer the
 lookup the requests run (it only costs work); when it refuses the claim, the jobs go back to the
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
@@ -23,7 +26,7 @@ from redis.commands.core import AsyncScript
 from consumer.batcher import Queued
 from consumer.ledger import Ledger
 from consumer.metrics import WorkerMetrics
-from consumer.model import rows_of
+from consumer.model import BatchOutcome, rows_of
 from consumer.outgoing import Outcomes, Outgoing
 from consumer.slots import Delivery, ModelSlot
 from consumer.stats import WorkerStats
@@ -197,18 +200,38 @@ class Dispatcher:
     async def _run_batch(self, batch: list[Delivery]) -> None:
         slot = self.slot
         self._ledger.running(d.entry for d in batch)
-        loop = asyncio.get_running_loop()
+        requests = [d.request for d in batch]
+        version, rows = requests[0].version, sum(rows_of(r) for r in requests)
         started = time.monotonic()
-        outcome = await loop.run_in_executor(
-            slot.executor, slot.model.run, [d.request for d in batch], self._worker_id
-        )
+        inline = slot.inline.suits(version, rows)
+        if inline:
+            self._stats.inline_batches += 1
+            outcome = slot.model.run(requests, self._worker_id)
+        else:
+            loop = asyncio.get_running_loop()
+            outcome = await loop.run_in_executor(
+                slot.executor, slot.model.run, requests, self._worker_id
+            )
+        slot.inline.observe(version, outcome.infer_s, rows, inline=inline)
         slot.service_s = (
             0.8 * slot.service_s + 0.2 * outcome.infer_s if slot.service_s else outcome.infer_s
         )
+        self._observe(batch, outcome, started, rows)
+        results = zip(batch, outcome.results, strict=True)
+        self._put([self._outcomes.ran(d, result, started, len(batch)) for d, result in results])
+        # An inline batch never awaited: let the writer send these results and the reader
+        # read on before the next batch.
+        await asyncio.sleep(0)
+
+    def _observe(
+        self, batch: list[Delivery], outcome: BatchOutcome, started: float, rows: int
+    ) -> None:
+        """Stats, metrics, the trace span and the logs of one batch: counted per batch, logged
+        per request only when a request failed or debug logging is on."""
+        slot = self.slot
         self._stats.batches += 1
         self._stats.requests += len(batch)
         self._stats.batch_sizes.append(len(batch))
-        rows = sum(rows_of(d.request) for d in batch)
         exemplar = None
         if self._tracer is not None:
             exemplar = self._tracer.batch(
@@ -228,19 +251,25 @@ class Dispatcher:
             inference_s=outcome.infer_s,
             exemplar=exemplar,
         )
-        out = []
+        self._metrics.observe_results(
+            Counter((r.model, r.version, r.status.value) for r in outcome.results)
+        )
+        debug = log.is_enabled_for(logging.DEBUG)
+        if not debug and not outcome.failures:
+            self._stats.executed.extend(d.request.id for d in batch)
+            return
         for d, result in zip(batch, outcome.results, strict=True):
-            self._metrics.observe_result(result.model, result.version, result.status.value)
-            log.debug(
-                "request done",
-                component="worker",
-                request_id=d.request.id,
-                model=result.model,
-                version=result.version,
-                status=result.status.value,
-                batch_size=len(batch),
-                traceparent=d.request.traceparent,
-            )
+            if debug:
+                log.debug(
+                    "request done",
+                    component="worker",
+                    request_id=d.request.id,
+                    model=result.model,
+                    version=result.version,
+                    status=result.status.value,
+                    batch_size=len(batch),
+                    traceparent=d.request.traceparent,
+                )
             if result.status is Status.OK:
                 self._stats.executed.append(d.request.id)
             else:
@@ -253,5 +282,3 @@ class Dispatcher:
                     error=result.error,
                     traceparent=d.request.traceparent,
                 )
-            out.append(self._outcomes.ran(d, result, started, batch_size=len(batch)))
-        self._put(out)

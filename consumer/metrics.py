@@ -13,13 +13,14 @@ once, with its help text and fixed label names. Who calls what:
   reason.
 - ``Worker._run_batch``, after the model call: ``observe_batch(model, requests=len(batch),
   rows=sum of rows_of(request), batch_waits_s=[started - d.read_at ...],
-  inference_s=outcome.infer_s)``, and per result ``observe_result(model, version, status)``.
+  inference_s=outcome.infer_s)``, and ``observe_results({(model, version, status): count})``.
 - ``Worker._answer_expired``: ``observe_expired(model, len(deliveries))``.
 - ``Dispatcher._drop_cancelled``, where a batch forms: ``observe_cancelled(model, count)`` for the
   requests dropped because their callers had gone.
-- ``ResultWriter``, once the pipeline holding a result and its reply notification completed:
-  ``observe_reply(model, time.monotonic() - finished_at)``, where ``finished_at`` is when the
-  model call (or the expiry answer) ended; ``Outgoing`` needs to carry the model and that time.
+- ``ResultWriter``, once the pipeline holding results and their reply notifications completed:
+  ``observe_replies(model, [time.monotonic() - finished_at, ...])``, where ``finished_at`` is
+  when the model call (or the expiry answer) ended; ``Outgoing`` carries the model and that
+  time.
 - ``ResultWriter``, per write step Redis refused: ``observe_write_failure(model, fault)``
   (``runtime.faults.classify``).
 - ``Worker.start``: ``runtime.track_loops(loops.health)``; the advertiser's eviction check:
@@ -34,7 +35,7 @@ clock skew does not enter it; the other stages use this process's monotonic cloc
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
@@ -180,6 +181,7 @@ class WorkerMetrics:
             "This worker's id (its consumer name in the group) and the inferq release.",
             registry=r,
         )
+        self._queue_waits: dict[tuple[str, str], Histogram] = {}
 
     def set_info(self, worker_id: str) -> None:
         self.info.info({"worker": worker_id, "version": runtime.__version__})
@@ -189,7 +191,11 @@ class WorkerMetrics:
         self.held.set_function(count)
 
     def observe_dequeued(self, model: str, lane: str, queue_wait_s: float) -> None:
-        self.queue_wait.labels(model, lane).observe(max(0.0, queue_wait_s))
+        # Per request: the labelled child is looked up in a dict of our own, not by labels().
+        child = self._queue_waits.get((model, lane))
+        if child is None:
+            child = self._queue_waits[(model, lane)] = self.queue_wait.labels(model, lane)
+        child.observe(max(0.0, queue_wait_s))
 
     def observe_batch(
         self,
@@ -211,8 +217,10 @@ class WorkerMetrics:
         for seconds in batch_waits_s:
             wait.observe(max(0.0, seconds))
 
-    def observe_result(self, model: str, version: str, status: str) -> None:
-        self.requests.labels(model, version, _one_of(status, RESULT_STATUSES)).inc()
+    def observe_results(self, counts: Mapping[tuple[str, str, str], int]) -> None:
+        """A batch's results: how many per (model, version, status)."""
+        for (model, version, status), count in counts.items():
+            self.requests.labels(model, version, _one_of(status, RESULT_STATUSES)).inc(count)
 
     def observe_expired(self, model: str, count: int = 1) -> None:
         self.expired.labels(model).inc(count)
@@ -229,8 +237,11 @@ class WorkerMetrics:
     def observe_reclaimed(self, model: str, count: int = 1) -> None:
         self.reclaimed.labels(model).inc(count)
 
-    def observe_reply(self, model: str, seconds: float) -> None:
-        self.reply.labels(model).observe(max(0.0, seconds))
+    def observe_replies(self, model: str, seconds: Sequence[float]) -> None:
+        """A flush's stored results of one model: each one's time since its model call ended."""
+        reply = self.reply.labels(model)
+        for s in seconds:
+            reply.observe(max(0.0, s))
 
     def observe_write_failure(self, model: str, reason: str) -> None:
         self.write_failures.labels(model, _one_of(reason, WRITE_FAILURE_REASONS)).inc()

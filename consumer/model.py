@@ -38,6 +38,12 @@ class BatchOutcome:
     model_failed: bool = False
     """The model call itself failed (raised, or returned the wrong number of rows)."""
 
+    @property
+    def failures(self) -> bool:
+        """Some request of the batch did not succeed (the model failed, or its input was
+        invalid)."""
+        return any(r.status is not Status.OK for r in self.results)
+
 
 class ServedModel:
     """A model config with one loaded backend per version."""

@@ -1,8 +1,15 @@
 """What the writer stores for a finished stream entry, and how a request's outcome becomes one.
 
 An ``Outgoing`` names one entry and everything that must be in Redis before it is acknowledged:
-the result (``SET NX``, which doubles as the cache entry), the reply to the waiting gateway, the
-job record's transition, or a dead letter. ``Outcomes`` builds them from results.
+the reply to the waiting gateway, the result key (``SET NX``: the cache entry, a result nobody
+waits on a reply stream for, or the backup of a reply that could not be delivered), the job
+record's transition, or a dead letter. ``Outcomes`` builds them from results.
+
+An uncached synchronous result is written once: its request's ``result_key`` is the per-request
+key ``Keys.result(id)`` (the gateway sends a cache key instead when the cache is on), and the
+reply stream carries the same bytes, so the key is written only when the reply cannot be
+delivered (``XADD ... NOMKSTREAM`` answered nil: the gateway's reply stream is missing). That is
+the case the gateway's loss sweep (``producer.losses``) reads result keys for.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class Outgoing:
     """The encoded result; None only acknowledges the entry (it was deleted from the stream)."""
     result_key: str | None = None
     ttl_ms: int = 0
+    result_backup: bool = False
+    """``result_key`` only backs up the reply: written only if the reply stream is missing."""
     reply_to: str | None = None
     job: JobUpdate | None = None
     dead_letter: str | None = None
@@ -137,6 +146,8 @@ class Outcomes:
             result_key=r.result_key if result.status is Status.OK else None,
             ttl_ms=r.result_ttl_ms,
             reply_to=r.reply_to,
+            # Not a cache key, and a reply to carry the same bytes: see the module docstring.
+            result_backup=r.reply_to is not None and r.result_key == self._keys.result(r.id),
         )
 
     def _job_update(self, r: InferRequest, result: InferResult, payload: bytes) -> JobUpdate:
@@ -164,4 +175,15 @@ def with_timings(
         infer_ms=result.timings.infer_ms,
         batch_size=batch_size,
     )
-    return replace(result, timings=timings)
+    # Not dataclasses.replace, which inspects the fields on every call: this runs per request.
+    r = result
+    return InferResult(
+        id=r.id,
+        status=r.status,
+        model=r.model,
+        version=r.version,
+        outputs=r.outputs,
+        error=r.error,
+        worker=r.worker,
+        timings=timings,
+    )

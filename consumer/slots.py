@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from consumer.batcher import BatchPolicy, BatchQueue
+from consumer.inline import InlineCalls
 from consumer.model import ServedModel
 from consumer.repository import ModelConfig
 from protocol.keys import LANES_BY_PRIORITY, Keys, Lane
@@ -62,6 +63,8 @@ class ModelSlot:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"model-{model.name}")
         self.service_s = 0.0
         """Moving average of recent model-call durations."""
+        self.inline = InlineCalls()
+        """Which batches are quick enough to run on the event loop instead of ``executor``."""
         self.idle = asyncio.Event()
         """Set while nothing is queued or running: what a drain waits for."""
         self.idle.set()

@@ -13,6 +13,8 @@ class WorkerStats:
     """Counters for tests and logs; recent batch sizes and executed ids are kept bounded."""
 
     batches: int = 0
+    inline_batches: int = 0
+    """Batches run on the event loop instead of the model's thread (``consumer.inline``)."""
     requests: int = 0
     expired: int = 0
     failed: int = 0

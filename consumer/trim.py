@@ -1,18 +1,31 @@
-"""Acknowledged entries leave their stream at once: a trim rides with every batch of XACKs.
+"""Acknowledged entries leave their stream within ``TRIM_INTERVAL_S``: a trim rides with the
+XACKs, at most every ``TRIM_INTERVAL_S`` per stream.
 
 A request's payload is of no use once its result is stored and its entry acknowledged, yet the
 reclaimer's trim (``consumer.reclaimer``) runs only every few seconds to minutes, so a 64 MiB
 request sat in Redis that long. ``TRIM_SCRIPT`` runs in the writer's pipeline right after the
-XACKs and applies the reclaimer's rule at once: ``XTRIM MINID`` below the oldest entry still
-pending, never past the group's last-delivered id. Only a prefix of the stream goes, never an
-entry in the middle: ``XDEL`` of acknowledged entries would free them even behind an older entry
-still running, but leaves tombstones that make Redis 7.0 report the group's lag as unknown (nil)
-for as long as that older entry remains, and the lag is what admission, ``inferq lag`` and KEDA
-read. So an acknowledged entry behind an older one still pending leaves with the next trim after
-that one is acknowledged.
+XACKs and applies the reclaimer's rule: ``XTRIM MINID`` below the oldest entry still pending,
+never past the group's last-delivered id. Only a prefix of the stream goes, never an entry in
+the middle: ``XDEL`` of acknowledged entries would free them even behind an older entry still
+running, but leaves tombstones that make Redis 7.0 report the group's lag as unknown (nil) for as
+long as that older entry remains, and the lag is what admission, ``inferq lag`` and KEDA read.
+So an acknowledged entry behind an older one still pending leaves with the next trim after that
+one is acknowledged.
+
+A trim costs four commands (the script, ``XPENDING``, ``XINFO`` or ``XTRIM``, and redis-py's
+``SCRIPT EXISTS`` before a pipeline with a script), more than a request's own under load, so
+``TrimSchedule`` lets it ride with a stream's XACK only if that stream was not trimmed in the last
+``TRIM_INTERVAL_S``; an ack that comes sooner leaves the stream due for a trim at the end of the
+interval, which the writer sends then, with whatever it is writing or alone.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+
+TRIM_INTERVAL_S = 0.5
+"""The longest an acknowledged entry waits for its trim, and the shortest time between two
+trims of one stream by one worker."""
 
 TRIM_SCRIPT = """
 -- KEYS[1]: a request stream. ARGV[1]: the consumer group. Returns the entries trimmed; 0 when
@@ -47,3 +60,43 @@ if not floor then
 end
 return redis.call('XTRIM', KEYS[1], 'MINID', floor)
 """
+
+
+class TrimSchedule:
+    """When each request stream is trimmed next: pure bookkeeping, times passed in (monotonic)."""
+
+    def __init__(self, interval_s: float = TRIM_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._last: dict[str, float] = {}
+        """When each stream was last trimmed."""
+        self._due: dict[str, float] = {}
+        """Streams acknowledged since their last trim, and when their next trim may go."""
+
+    def take(self, acked: Iterable[str], now: float, *, all_due: bool = False) -> list[str]:
+        """The streams to trim now, given those acknowledged now: each of them that was not
+        trimmed in the last interval, and every stream whose trim fell due (``all_due``: every
+        stream waiting for one, the final trims on shutdown). The caller trims them, after
+        their XACKs, and reports a trim that failed with ``failed``."""
+        for stream in acked:
+            if stream not in self._due:
+                self._due[stream] = self._last.get(stream, now - self._interval_s) + (
+                    self._interval_s
+                )
+        trims = [s for s, due in self._due.items() if all_due or due <= now]
+        for stream in trims:
+            del self._due[stream]
+            self._last[stream] = now
+        return trims
+
+    def failed(self, streams: Iterable[str], now: float) -> None:
+        """These trims did not happen: try again an interval from now."""
+        for stream in streams:
+            self._due[stream] = now + self._interval_s
+
+    def next_due(self) -> float | None:
+        """When the earliest waiting trim falls due (monotonic); None when none waits."""
+        return min(self._due.values(), default=None)
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._due)

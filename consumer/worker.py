@@ -4,7 +4,7 @@ Its parts, each in its own module, all owned here (started in ``start``, stopped
 - the reader (``reader.py``): one ``XREADGROUP`` over every stream of every served model (on a
   Redis Cluster, one per model partition), and the intake that queues what it reads;
 - one dispatcher per model (``dispatcher.py``): forms batches and runs them on the model's own
-  thread, so the event loop keeps reading;
+  thread, so the event loop keeps reading (a quick model's on the loop: ``inline.py``);
 - the writer (``writer.py``): pipelines results, replies and job transitions, then the XACKs;
 - the ledger (``ledger.py``): every entry held, and how far it got; acks only what is stored;
 - the reclaimer (``reclaimer.py``): renews long-running entries, takes over a dead worker's;
@@ -432,4 +432,4 @@ class Worker:
             slot.changed.set()
         await asyncio.gather(*(slot.idle.wait() for slot in self.slots.values()))
         if self._writer is not None:
-            await self._writer.wait_idle()
+            await self._writer.drain()

@@ -1,13 +1,18 @@
 """Publishes results: one pipeline per flush for every finished request, then the acks.
 
-For each request: ``SET result_key payload PX ttl NX`` (the key serves the cache and idempotent
-redelivery, and is written only if absent), ``XADD reply_to NOMKSTREAM`` to wake the waiting
-gateway (NOMKSTREAM: a gateway that has gone away must not get its stream recreated), the job
-record's transition, or the dead letter. Flushes coalesce: results finished while one pipeline is
-in flight go out together in the next.
+For each request: ``XADD reply_to NOMKSTREAM`` to wake the waiting gateway (NOMKSTREAM: a gateway
+that has gone away must not get its stream recreated), ``SET result_key payload PX ttl NX`` where
+the result is kept (a cache entry, a result nobody waits on a reply stream for; written only if
+absent, so a redelivered entry never overwrites it), the job record's transition, or the dead
+letter. An uncached synchronous result is written once, to the reply stream; only when that
+stream is missing (the XADD answers nil) is it stored in its result key, in a step of its own
+before the ack, for the gateway's loss sweep to find (``consumer.outgoing``). Flushes coalesce:
+results finished while one pipeline is in flight go out together in the next.
 
-Acknowledged entries leave their stream at once: a trim (``consumer.trim``) rides with each
-stream's XACK (it never fails: no stream or group trims nothing).
+Acknowledged entries leave their stream within ``TRIM_INTERVAL_S`` (0.5 s): a trim
+(``consumer.trim``) rides with a stream's XACK unless that stream was trimmed less than an
+interval ago; then it goes at the end of the interval, with the next flush or alone, and at
+once on shutdown (``drain``).
 
 Nothing is acknowledged that is not stored. Every reply of the pipeline is checked: a step Redis
 refused (out of memory, READONLY, MOVED, TRYAGAIN, a lost connection) is retried, alone, with
@@ -35,7 +40,7 @@ from redis.commands.core import AsyncScript
 from consumer.ledger import Entry, Ledger
 from consumer.metrics import WorkerMetrics
 from consumer.outgoing import Outgoing
-from consumer.trim import TRIM_SCRIPT
+from consumer.trim import TRIM_INTERVAL_S, TRIM_SCRIPT, TrimSchedule
 from protocol.keys import DLQ_MAXLEN, GROUP, JOB_EVENTS_MAXLEN
 from protocol.messages import FIELD, JOB_EVENT_FIELD
 from runtime.aio import cancelling
@@ -59,6 +64,8 @@ class _Write:
     out: Outgoing
     done: set[str] = field(default_factory=set)
     permanent_failures: int = 0
+    undelivered: bool = False
+    """Its reply stream was missing: a backed-up result is stored in its key instead."""
 
 
 class ResultWriter:
@@ -73,6 +80,7 @@ class ResultWriter:
         backoff: Backoff | None = None,
         tracer: Tracer | None = None,
         ack_delay_s: float = 0.01,
+        trim_interval_s: float = TRIM_INTERVAL_S,
     ) -> None:
         self._redis = redis
         self._ledger = ledger
@@ -86,6 +94,8 @@ class ResultWriter:
         self._unacked: list[Entry] = []
         self._ack_delay_s = ack_delay_s
         self._ack_due = 0.0
+        self._trims = TrimSchedule(trim_interval_s)
+        self._draining = False
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -103,13 +113,27 @@ class ResultWriter:
         """Until everything put so far is stored and acknowledged."""
         await self._idle.wait()
 
+    async def drain(self) -> None:
+        """On shutdown: until everything put so far is stored and acknowledged, and every stream
+        acknowledged since its last trim is trimmed. Acks and trims go at once from now on, not
+        after their delays."""
+        self._draining = True
+        if self._trims.waiting:
+            self._idle.clear()
+        self._ready.set()
+        await self._idle.wait()
+
     async def run(self) -> None:
         while not cancelling():
             await self._wait_for_work()
             batch, self._queue = self._queue, []
             self._ready.clear()
             acks: list[Entry] = []
-            if len(self._unacked) >= ACK_BATCH or time.monotonic() >= self._ack_due:
+            if (
+                len(self._unacked) >= ACK_BATCH
+                or time.monotonic() >= self._ack_due
+                or self._draining
+            ):
                 acks, self._unacked = self._unacked, []
             try:
                 refused = await self.flush(batch, acks)
@@ -124,70 +148,93 @@ class ResultWriter:
             else:
                 await self._backoff.failed(refused)
             if not self._queue and not self._unacked:
-                self._idle.set()
+                if not (self._draining and self._trims.waiting):
+                    self._idle.set()
 
     async def _wait_for_work(self) -> None:
-        if self._queue:
+        if self._queue or (self._draining and (self._unacked or self._trims.waiting)):
             return
-        if self._unacked:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(max(0.0, self._ack_due - time.monotonic())):
-                    await self._ready.wait()
-        else:
+        due = [self._ack_due] if self._unacked else []
+        trim_due = self._trims.next_due()
+        if trim_due is not None:
+            due.append(trim_due)
+        if not due:
             await self._ready.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, min(due) - time.monotonic())):
+                await self._ready.wait()
 
     async def flush(self, batch: list[_Write], acks: list[Entry]) -> BaseException | None:
-        """Store what ``batch`` still needs and acknowledge ``acks`` in one pipeline; check each
-        reply. Writes not fully stored go back on the queue; the first transient refusal is
-        returned (the caller backs off). Raises what the pipeline as a whole raised."""
+        """Store what ``batch`` still needs, acknowledge ``acks`` and trim the streams whose
+        trim is due (``consumer.trim``) in one pipeline; check each reply. Writes not fully
+        stored go back on the queue; the first transient refusal is returned (the caller backs
+        off). Raises what the pipeline as a whole raised."""
         steps: list[tuple[_Write, str, int]] = []  # (write, step, replies it takes)
         by_stream: dict[str, list[bytes]] = {}
-        ack_replies: dict[str, int] = {}  # stream -> where its XACK's reply is
-        # As a context manager: redis-py keeps the connection when loading the job script
-        # fails (Redis down), unless the pipeline is reset.
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for write in batch:
-                for step, count in await self._queue_steps(pipe, write):
-                    steps.append((write, step, count))
-            for stream, entry_id in self._ledger.ackable(acks):
-                by_stream.setdefault(stream, []).append(entry_id)
-            for stream, ids in by_stream.items():
-                ack_replies[stream] = len(pipe)
-                pipe.xack(stream, GROUP, *ids)
-                # The payloads just acknowledged leave Redis now, not at the next periodic trim.
-                await queue_script(pipe, self._trim, [stream], [GROUP])
-            replies = await pipe.execute(raise_on_error=False)
+        for stream, entry_id in self._ledger.ackable(acks):
+            by_stream.setdefault(stream, []).append(entry_id)
+        now = time.monotonic()
+        trims = self._trims.take(by_stream, now, all_due=self._draining)
+        if not batch and not by_stream and not trims:
+            return None
+        try:
+            # As a context manager: redis-py keeps the connection when loading the job script
+            # fails (Redis down), unless the pipeline is reset.
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for write in batch:
+                    for step, count in await self._queue_steps(pipe, write):
+                        steps.append((write, step, count))
+                acked_at = len(pipe)
+                for stream, ids in by_stream.items():
+                    pipe.xack(stream, GROUP, *ids)
+                trimmed_at = len(pipe)
+                for stream in trims:  # after the XACKs: what they acknowledged goes too
+                    await queue_script(pipe, self._trim, [stream], [GROUP])
+                replies = await pipe.execute(raise_on_error=False)
+        except BaseException:
+            if not self._draining:
+                self._trims.failed(trims, now)
+            raise
         self.flushes += 1
         refused = self._check_steps(steps, replies)
-        self._check_acks(by_stream, [replies[ack_replies[stream]] for stream in by_stream])
+        self._check_acks(by_stream, replies[acked_at:trimmed_at])
+        self._check_trims(trims, replies[trimmed_at:], now)
         self._finish(batch)
         return refused
 
     async def _queue_steps(self, pipe: Any, write: _Write) -> list[tuple[str, int]]:
         """Queue the commands of the steps this write has not done yet."""
         out, queued = write.out, []
-        if out.dead_letter is not None and "dead_letter" not in write.done:
-            fields: Any = out.letter().to_fields()
-            pipe.xadd(out.dead_letter, fields, maxlen=DLQ_MAXLEN, approximate=True)
-            queued.append(("dead_letter", 1))
-        if out.payload is not None and out.result_key and "result" not in write.done:
-            pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
-            queued.append(("result", 1))
-        if out.payload is not None and out.reply_to and "reply" not in write.done:
-            pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
-            queued.append(("reply", 1))
-        if out.job is not None and "job" not in write.done:
-            assert self._transition is not None
-            job = out.job
-            await queue_script(pipe, self._transition, [job.key], [job.required.value, *job.args])
-            pipe.pexpire(job.key, max(1, job.ttl_ms))
-            pipe.xadd(
-                self._job_events,
-                {JOB_EVENT_FIELD: job.job_id},
-                maxlen=JOB_EVENTS_MAXLEN,
-                approximate=True,
-            )
-            queued.append(("job", 3))
+        for step in _steps(write):
+            if step in write.done:
+                continue
+            if step == "dead_letter":
+                assert out.dead_letter is not None
+                fields: Any = out.letter().to_fields()
+                pipe.xadd(out.dead_letter, fields, maxlen=DLQ_MAXLEN, approximate=True)
+                queued.append((step, 1))
+            elif step == "result":
+                pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
+                queued.append((step, 1))
+            elif step == "reply":
+                assert out.payload is not None
+                pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
+                queued.append((step, 1))
+            else:
+                assert self._transition is not None and out.job is not None
+                job = out.job
+                await queue_script(
+                    pipe, self._transition, [job.key], [job.required.value, *job.args]
+                )
+                pipe.pexpire(job.key, max(1, job.ttl_ms))
+                pipe.xadd(
+                    self._job_events,
+                    {JOB_EVENT_FIELD: job.job_id},
+                    maxlen=JOB_EVENTS_MAXLEN,
+                    approximate=True,
+                )
+                queued.append((step, 3))
         return queued
 
     def _check_steps(
@@ -200,6 +247,10 @@ class ResultWriter:
             i += count
             if not errors:
                 write.done.add(step)
+                if step == "reply" and replies[i - 1] is None:
+                    # NOMKSTREAM: the reply stream is missing. A backed-up result is stored
+                    # in its key instead (next flush), where the gateway's loss sweep looks.
+                    write.undelivered = True
                 continue
             error = errors[0]
             fault = classify(error)
@@ -220,6 +271,14 @@ class ResultWriter:
                 )
         return refused
 
+    def _check_trims(self, trims: list[str], replies: list[Any], now: float) -> None:
+        # The script never fails on its own (no stream or group trims nothing); a refused one
+        # (out of memory, a moved slot) is tried again an interval later, or on shutdown left
+        # to the reclaimers' periodic trim.
+        failed = [s for s, r in zip(trims, replies, strict=True) if isinstance(r, Exception)]
+        if failed and not self._draining:
+            self._trims.failed(failed, now)
+
     def _check_acks(self, by_stream: dict[str, list[bytes]], replies: list[Any]) -> None:
         for (stream, ids), reply in zip(by_stream.items(), replies, strict=True):
             entries = [(stream, i) for i in ids]
@@ -231,6 +290,7 @@ class ResultWriter:
 
     def _finish(self, batch: list[_Write]) -> None:
         now = time.monotonic()
+        replies: dict[str, list[float]] = {}
         for write in batch:
             out = write.out
             if _complete(write):
@@ -238,8 +298,8 @@ class ResultWriter:
                 if not self._unacked:
                     self._ack_due = now + self._ack_delay_s
                 self._unacked.append(out.entry)
-                if self._metrics is not None and out.finished_at:
-                    self._metrics.observe_reply(out.model, now - out.finished_at)
+                if out.finished_at:
+                    replies.setdefault(out.model, []).append(now - out.finished_at)
                 if self._tracer is not None and out.finished_at:
                     self._tracer.result_written(out.traceparent, out.finished_at, now)
             elif write.permanent_failures >= MAX_PERMANENT_TRIES:
@@ -252,6 +312,9 @@ class ResultWriter:
                 self._ledger.abandon(out.entry)
             else:
                 self._queue.append(write)
+        if self._metrics is not None:
+            for model, seconds in replies.items():
+                self._metrics.observe_replies(model, seconds)
 
     def _count_failures(self, batch: list[_Write], error: BaseException) -> None:
         fault = classify(error)
@@ -261,18 +324,20 @@ class ResultWriter:
                 self._metrics.observe_write_failure(write.out.model, fault.value)
 
 
-def _steps(out: Outgoing) -> set[str]:
-    needed = set()
+def _steps(write: _Write) -> list[str]:
+    """Everything the write must have stored before its entry is acknowledged, in order."""
+    out, steps = write.out, []
     if out.dead_letter is not None:
-        needed.add("dead_letter")
-    if out.payload is not None and out.result_key:
-        needed.add("result")
-    if out.payload is not None and out.reply_to:
-        needed.add("reply")
+        steps.append("dead_letter")
+    if out.payload is not None:
+        if out.result_key and (not out.result_backup or not out.reply_to or write.undelivered):
+            steps.append("result")
+        if out.reply_to:
+            steps.append("reply")
     if out.job is not None:
-        needed.add("job")
-    return needed
+        steps.append("job")
+    return steps
 
 
 def _complete(write: _Write) -> bool:
-    return _steps(write.out) <= write.done
+    return write.done.issuperset(_steps(write))

@@ -84,7 +84,9 @@ class InferRequest:
     enqueued_ms: int
     """When the gateway queued it, on the Redis server's clock."""
     result_key: str
-    """Where the worker writes the result (``SET NX``): a cache key or a per-request key."""
+    """Where the worker writes the result (``SET NX``): a cache key, always written; or the
+    per-request key ``Keys.result(id)``, which with a ``reply_to`` only backs up the reply and is
+    written only when the reply stream is missing (the reply carries the same bytes)."""
     result_ttl_ms: int
     reply_to: str | None = None
     """The gateway's reply stream; None for async jobs, which are polled."""

@@ -3,8 +3,9 @@
 This backend computes nothing useful. It exists so tests and benchmarks can model a GPU-like cost
 curve (a large fixed cost per call, a small cost per row) on CPU-only machines: it sleeps on its
 worker thread, which costs no CPU, so several simulated workers on a 2-core machine behave like
-several accelerators would. Figures measured with it show what the queueing and batching layers
-do, not what any real model achieves.
+several accelerators would (a model quicker than ``consumer.inline.INLINE_MAX_S`` runs on the
+event loop instead, as any model does). Figures measured with it show what the queueing and
+batching layers do, not what any real model achieves.
 
 Each output row is filled with the sum of the first input's row (as float), so tests can check
 that results are split back to the right requests. ``failure_rate`` makes a call raise;

@@ -57,13 +57,13 @@ def exercise(m: WorkerMetrics) -> None:
     m.observe_batch(
         "digits", requests=3, rows=7, batch_waits_s=[0.001, 0.002, 0.0], inference_s=0.01
     )
-    m.observe_result("digits", "1", "ok")
+    m.observe_results({("digits", "1", "ok"): 1})
     m.observe_expired("digits", 2)
     m.observe_cancelled("digits", 3)
     m.observe_dead_letter("digits", "undecodable")
     m.observe_retry("digits")
     m.observe_reclaimed("digits", 4)
-    m.observe_reply("digits", 0.0007)
+    m.observe_replies("digits", [0.0007])
     m.observe_write_failure("digits", "oom")
     m.runtime.set_policy("noeviction", False)
     m.runtime.track_loops(lambda: {"reader": True})
@@ -131,13 +131,12 @@ def test_a_batch_records_its_size_rows_inference_time_and_each_requests_wait():
 
 def test_label_values_stay_in_their_fixed_sets():
     m = WorkerMetrics()
-    m.observe_result("digits", "1", "expired")
-    m.observe_result("digits", "1", "failed")
+    m.observe_results({("digits", "1", "expired"): 1, ("digits", "1", "failed"): 2})
     m.observe_dead_letter("digits", "a reason with the error text in it")
     m.observe_dequeued("digits", "normal", -0.004)  # clock estimate error: never negative
     requests = "inferq_worker_requests_total"
     assert sample(m, requests, model="digits", version="1", status="other") == 1
-    assert sample(m, requests, model="digits", version="1", status="failed") == 1
+    assert sample(m, requests, model="digits", version="1", status="failed") == 2
     assert sample(m, "inferq_worker_dead_lettered_total", model="digits", reason="other") == 1
     assert sample(m, "inferq_worker_queue_wait_seconds_sum", model="digits", lane="normal") == 0
 

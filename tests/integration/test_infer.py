@@ -229,3 +229,22 @@ def test_every_worker_takes_a_share_of_the_load(stack, workers):
         responses = list(pool.map(lambda i: s.infer("slow", sim_body(i)), range(24)))
     assert all(r.status_code == 200 for r in responses)
     assert all(w.stats.requests > 0 for w in s.workers)
+
+
+def test_a_tiny_models_batches_run_on_the_event_loop_and_a_slow_ones_on_its_thread(stack):
+    """The digits MLP answers in microseconds: once measured (on its thread, where every model
+    starts) its batches run inline, skipping the hand-off to the thread. The simulated model
+    sleeps 1 ms a call, over ``consumer.inline.INLINE_MAX_S``: never inline."""
+    s = stack(models=("digits", "sim"))
+    stats = s.workers[0].worker.stats
+    row, label = SAMPLES["inputs"][0], SAMPLES["labels"][0]
+    for _ in range(50):  # a stall on this shared machine may cost a few calls on the thread
+        r = s.infer("digits", digits_body([row], parameters={"cache": False}))
+        assert r.status_code == 200 and r.json()["outputs"][1]["data"] == [label]
+        if stats.inline_batches >= 3:
+            break
+    assert stats.inline_batches >= 3
+    before = stats.inline_batches
+    for i in range(3):
+        assert s.infer("sim", sim_body(i, cache=False)).status_code == 200
+    assert stats.inline_batches == before
