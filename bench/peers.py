@@ -577,7 +577,10 @@ def main() -> None:
                 for m in files:
                     for c in levels[m]:
                         idle = wait_for_quiet(0.8, args.quiet_s) if args.quiet_s else 1.0
-                        for name in matrix[m]:
+                        # Alternate the order per round: whatever runs second in a level
+                        # meets a warmer, busier machine, so no target gets that place always.
+                        order = matrix[m] if round_ % 2 == 0 else matrix[m][::-1]
+                        for name in order:
                             t = TARGETS[name]
                             row = measure(endpoints[t.server], m, t, c, args)
                             row.update(round=round_, machine_idle_before=round(idle, 3))

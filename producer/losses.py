@@ -13,6 +13,12 @@ For a gone entry the result key decides: a stored result is the answer (its repl
 no result means Redis lost the request. After the gateway's own reply stream was lost, every
 waiter's result key is read, since any reply may have been dropped.
 
+An uncached synchronous result is written once, to the reply stream; its result key is written
+only when the reply stream was missing (the worker's ``XADD ... NOMKSTREAM`` answered nil). So a
+reply stream lost *after* a reply reached it, before the gateway read it, takes that result with
+it: the request is failed as lost (503, retry) rather than answered from a key. Cached results
+and job results are always stored under their keys.
+
 Failures are stored only as replies, not as result keys, so a gone entry without a result might
 be a failure whose reply is still on its way: a periodic sweep marks such a request *suspect*
 and fails it only if it is still waiting at the next sweep. When the sweep follows a known loss
