@@ -97,6 +97,13 @@ def main() -> None:
         "--deadline-ms", default="10000,1000", help="request deadlines: the levels run per each"
     )
     parser.add_argument("--capacity-concurrency", type=int, default=64)
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="a checkout of another revision whose `inferq up` to measure (for an A/B pair)",
+    )
+    parser.add_argument("--label", default="latency_vs_load", help="result file name")
     args = parser.parse_args()
     levels = [int(p) for p in args.levels.split(",")]
     deadlines = [int(d) for d in args.deadline_ms.split(",")]
@@ -105,7 +112,7 @@ def main() -> None:
     with model_repository(digits=args.model == "digits", accel=ACCEL) as repo:
         idle = wait_for_quiet()
         extra = ("--model-repository", str(repo), "--models", args.model)
-        with Service(*extra) as svc:
+        with Service(*extra, **({"root": args.root} if args.root else {})) as svc:
             svc.wait_for_workers(args.model, 1)
             cap = closed_loop(
                 svc,
@@ -182,7 +189,7 @@ def main() -> None:
         )
     result = {
         "machine": machine(),
-        "revision": git_revision(),
+        "revision": git_revision(args.root) if args.root else git_revision(),
         "model": args.model,
         "simulated_model": ACCEL if args.model == "accel" else None,
         "deadlines_ms": deadlines,
@@ -196,7 +203,7 @@ def main() -> None:
         "machine_idle_before": idle,
         "rows": rows,
     }
-    print(f"\nwrote {save('latency_vs_load', result)}")
+    print(f"\nwrote {save(args.label, result)}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where a process's CPU went, from a py-spy recording (``py-spy record --format raw``).
 
-    python bench/pyspy_breakdown.py FILE [FILE ...] [--json]
+    python bench/pyspy_breakdown.py FILE [FILE ...] [--json] [--top N]
 
 Record with ``--gil`` (bench/peers.py does): a sample is then the thread holding the GIL, i.e.
 Python (or C code called from it) on the CPU, not a thread waiting. Each sample is a stack; it
@@ -70,8 +70,17 @@ def frames(stack: str) -> list[tuple[str, str]]:
     return out
 
 
-def group_of(stack: list[tuple[str, str]]) -> str:
+SENDS = "socket sends (send() system calls)"
+_SENDING = {"OneWrite.write", "OneWrite.flush", "_Protocol.send", "StreamWriter.writelines"}
+_UVICORN_WRITES = ("httptools_impl.py:524)", "httptools_impl.py:551)")
+"""uvicorn 0.54's two ``transport.write`` lines in ``RequestResponseCycle.send`` (headers,
+body): before the gateway wrote responses itself, its sends were charged there."""
+
+
+def group_of(stack: list[tuple[str, str]], innermost: str = "") -> str:
     func, file = stack[-1]
+    if func in _SENDING or innermost.endswith(_UVICORN_WRITES):
+        return SENDS
     if func in ("Runner.run", "run_forever", "BaseEventLoop.run_forever") and "asyncio" in file:
         return EVENT_LOOP
     for _, file in reversed(stack):
@@ -81,8 +90,9 @@ def group_of(stack: list[tuple[str, str]]) -> str:
     return "other"
 
 
-def breakdown(paths: list[Path]) -> dict[str, object]:
+def breakdown(paths: list[Path], top: int = 0) -> dict[str, object]:
     groups: Counter[str] = Counter()
+    lines: Counter[str] = Counter()
     stages: Counter[str] = Counter()
     total = 0
     for path in paths:
@@ -93,7 +103,9 @@ def breakdown(paths: list[Path]) -> dict[str, object]:
             n = int(count_text)
             stack = frames(stack_text)
             total += n
-            groups[group_of(stack)] += n
+            innermost = stack_text.rsplit(";", 1)[-1].strip()
+            groups[group_of(stack, innermost)] += n
+            lines[innermost] += n
             names = {f for f, _ in stack}
             for stage in STAGES:
                 if stage in names:
@@ -102,6 +114,7 @@ def breakdown(paths: list[Path]) -> dict[str, object]:
         "samples": total,
         "groups": {k: round(v / total, 3) for k, v in groups.most_common()} if total else {},
         "stages": {k: round(v / total, 3) for k, v in stages.most_common()} if total else {},
+        "lines": {k: round(v / total, 3) for k, v in lines.most_common(top)} if total else {},
     }
 
 
@@ -109,13 +122,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--top", type=int, default=0, help="also the N busiest source lines")
     args = parser.parse_args()
-    result = breakdown(args.files)
+    result = breakdown(args.files, args.top)
     if args.json:
         print(json.dumps(result, indent=1))
         return
     print(f"{result['samples']} samples")
-    for title in ("groups", "stages"):
+    for title in ("groups", "stages", "lines"):
         print(f"{title}:")
         for k, v in result[title].items():  # type: ignore[attr-defined]
             print(f"  {v:6.1%}  {k}")
