@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
+import redis.asyncio as aioredis
 import structlog
 
 from producer.admin import ModelAdmin
@@ -67,10 +68,7 @@ class Gateway:
             block_s=s.reply_block_ms / 1000,
         )
         # One Redis: the hot path's commands go over one lean pipelining connection.
-        lean = None if self.cluster else Endpoint.of(self.redis)
-        self.pipeline = AutoPipeline(
-            self.redis, lean=RespConnection(lean) if lean is not None else None
-        )
+        self.pipeline = AutoPipeline(self.redis, lean=self._lean(self.redis))
         self.registry = ModelRegistry(
             self.redis,
             self.keys,
@@ -90,6 +88,7 @@ class Gateway:
             events=self.loops.backoff("job-events"),
             reads=self.loops.backoff("replies"),
             keepalives=self.loops.backoff("reply-keepalive"),
+            lean=self._lean(self.reader),
         )
         self.service = InferenceService(
             s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
@@ -148,11 +147,18 @@ class Gateway:
         await self.loops.cancel()
         self.replies.fail_all(ServiceUnavailable("the gateway is shutting down"))
         await self.pipeline.close()
+        await self.replies.close()
         with contextlib.suppress(*RETRYABLE):
             await self.redis.delete(self.replies.key)
         await self.reader.aclose()
         await self.redis.aclose()
         log.info("gateway stopped", gateway=self.settings.gateway_id)
+
+    def _lean(self, client: aioredis.Redis) -> RespConnection | None:
+        """A lean connection set up as ``client``'s are (one Redis only; a cluster client
+        routes by slot, which it does not)."""
+        endpoint = None if self.cluster else Endpoint.of(client)
+        return RespConnection(endpoint) if endpoint is not None else None
 
     async def ready(self) -> tuple[bool, list[str]]:
         """Ready when Redis answers, no request-path loop is down or failing (the reply

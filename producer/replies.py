@@ -3,7 +3,9 @@
 Workers ``XADD`` each result to the stream named in the request; one listener task per gateway
 reads it with a blocking ``XREAD`` on a dedicated connection and resolves the waiting request's
 future. Waiting requests hold no Redis connection: 10,000 waiters cost 10,000 futures and one
-connection. The listener remembers the last id it read, so after a reconnect it continues where
+connection (on one Redis, ``runtime.resp``'s lean connection: at concurrency 1 this read is
+one round trip per request, and redis-py's client cost more than the rest of the gateway's Redis
+work together). The listener remembers the last id it read, so after a reconnect it continues where
 it stopped and no result is lost; it trims what it has read (``XTRIM MINID``, every thousand
 entries or second, in the same round trip as a read). The stream carries a TTL that the gateway
 refreshes; workers write with ``NOMKSTREAM``, so the stream of a gateway that died expires and is
@@ -39,6 +41,7 @@ from protocol.messages import FIELD, JOB_EVENT_FIELD, KEEPALIVE_FIELD, InferResu
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.faults import RETRYABLE
+from runtime.resp import RespConnection
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -49,6 +52,12 @@ LOST = (
     "Redis lost the request before a worker answered it (Redis restarted without its data, or "
     "evicted or trimmed the request stream); it may not have run. Retry it"
 )
+
+
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    """A stream entry's fields as RESP sends them (name, value, name, value...), as a dict."""
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
 
 
 def _expire(future: asyncio.Future[InferResult]) -> None:
@@ -71,8 +80,11 @@ class ReplyListener:
         reads: Backoff | None = None,
         keepalives: Backoff | None = None,
         events: Backoff | None = None,
+        lean: RespConnection | None = None,
     ) -> None:
         self._reader = reader
+        self._lean = lean
+        """Reads (and trims) over this connection instead of ``reader``'s, when given."""
         self._commands = commands
         self.key = key
         self._block_ms = block_ms
@@ -218,9 +230,6 @@ class ReplyListener:
                     # is queued, or workers (writing with NOMKSTREAM) would drop replies.
                     await self.keepalive()
                     reconnected = False
-                pipe = self._reader.pipeline(transaction=False)
-                if trim:
-                    pipe.xtrim(self.key, minid=next_id(self._last_id), approximate=False)
                 streams = {self.key: self._last_id}
                 if (
                     self.job_events is not None
@@ -228,8 +237,7 @@ class ReplyListener:
                     and not self.separate_job_events
                 ):
                     streams[self.job_events] = self._events_id
-                pipe.xread(cast(Any, streams), count=self._count, block=self._block_ms)
-                replies = await pipe.execute()
+                read = await self._read(streams, bool(trim))
             except RETRYABLE as e:
                 reconnected = True
                 await self._reads.failed(e)
@@ -237,7 +245,7 @@ class ReplyListener:
             self._reads.succeeded()
             if trim:
                 unread_trimmed, last_trim = 0, time.monotonic()
-            for stream, entries in replies[-1] or []:
+            for stream, entries in read:
                 if text(stream) == self.job_events:
                     self._events_id = text(entries[-1][0])
                     for _, fields in entries:
@@ -247,6 +255,32 @@ class ReplyListener:
                     self._last_id = text(entry_id)
                     unread_trimmed += 1
                     self._resolve(fields)
+
+    async def _read(self, streams: dict[str, str], trim: bool) -> list[tuple[Any, list[Any]]]:
+        """One blocking ``XREAD`` of ``streams`` (after an ``XTRIM`` of what was read, when
+        ``trim``): [(stream, [(entry id, fields as a dict)])]."""
+        if self._lean is None:
+            pipe = self._reader.pipeline(transaction=False)
+            if trim:
+                pipe.xtrim(self.key, minid=next_id(self._last_id), approximate=False)
+            pipe.xread(cast(Any, streams), count=self._count, block=self._block_ms)
+            replies = await pipe.execute()
+            return list(replies[-1] or [])
+        commands: list[tuple[Any, ...]] = []
+        if trim:
+            commands.append(("XTRIM", self.key, "MINID", next_id(self._last_id)))
+        names, ids = list(streams), list(streams.values())
+        commands.append(
+            ("XREAD", "COUNT", self._count, "BLOCK", self._block_ms, "STREAMS", *names, *ids)
+        )
+        replies = await self._lean.execute(commands)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply  # as redis-py's pipeline raises the first error reply
+        return [
+            (stream, [(entry_id, _pairs(flat)) for entry_id, flat in entries])
+            for stream, entries in replies[-1] or []
+        ]
 
     async def run_job_events(self) -> None:
         """Read the job events stream alone (on a cluster; see the module docstring)."""
@@ -288,6 +322,11 @@ class ReplyListener:
         waiter = self._waiters.pop(request_id or result.id, None)
         if waiter is not None and not waiter.future.done():
             waiter.future.set_result(result)
+
+    async def close(self) -> None:
+        """Close the lean connection, if reads use one (the loops are stopped first)."""
+        if self._lean is not None:
+            await self._lean.close()
 
     def fail_all(self, error: Exception) -> None:
         for waiter in self._waiters.values():

@@ -1,7 +1,8 @@
 """The gateway's reply listener against a real redis-server: replies resolve their waiters, a
 reply published while the listener is disconnected is not lost, the keepalive keeps going
 through Redis errors, and waiters whose requests Redis lost are answered (from a stored result)
-or failed at once."""
+or failed at once. Each holds with the reads on the lean connection (``runtime.resp``, one
+Redis) and on redis-py (a cluster)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from producer.errors import ServiceUnavailable
 from producer.replies import ReplyListener
 from protocol.messages import FIELD, InferResult, Status
 from runtime.backoff import Backoff
+from runtime.resp import Endpoint, RespConnection
 from tests.support import until
 
 pytestmark = pytest.mark.integration
@@ -36,10 +38,16 @@ def ok(request_id: str) -> bytes:
     return InferResult(request_id, Status.OK, "m", "1", worker="w").encode()
 
 
+@pytest.fixture(params=["lean", "redis-py"])
+def lean(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param == "lean")
+
+
 def with_listener(
     redis_url: str,
     namespace: str,
     body: Callable[[ReplyListener], Awaitable[None]],
+    lean: bool,
     *,
     reads: Backoff | None = None,
     keepalives: Backoff | None = None,
@@ -57,6 +65,7 @@ def with_listener(
             job_events=f"{namespace}:jobevents",
             reads=reads,
             keepalives=keepalives,
+            lean=RespConnection(Endpoint.of(reader)) if lean else None,  # type: ignore[arg-type]
         )
         await listener.keepalive()
         task = asyncio.create_task(listener.run()) if run else None
@@ -66,13 +75,14 @@ def with_listener(
             if task is not None:
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
+            await listener.close()
             await reader.aclose()
             await commands.aclose()
 
     asyncio.run(go())
 
 
-def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url, namespace):
+def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url, namespace, lean):
     async def body(listener: ReplyListener) -> None:
         future = listener.expect("a")
         r.xadd(listener.key, {b"keepalive": b"1"})
@@ -83,20 +93,20 @@ def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url,
         assert result.id == "a" and result.status is Status.OK
         assert listener.waiting == 0
 
-    with_listener(redis_url, namespace, body)
+    with_listener(redis_url, namespace, body, lean)
 
 
-def test_a_waiter_gets_timeout_error_at_its_deadline(redis_url, namespace):
+def test_a_waiter_gets_timeout_error_at_its_deadline(redis_url, namespace, lean):
     async def body(listener: ReplyListener) -> None:
         future = listener.expect("late")
         with pytest.raises(TimeoutError):
             await listener.wait(future, 0.05)
 
-    with_listener(redis_url, namespace, body)
+    with_listener(redis_url, namespace, body, lean)
 
 
 def test_a_reply_published_while_the_listener_is_disconnected_is_delivered_after(
-    r, redis_url, namespace
+    r, redis_url, namespace, lean
 ):
     reads = Backoff("replies", log, first_s=0.5)  # stays disconnected long enough to publish
 
@@ -110,7 +120,7 @@ def test_a_reply_published_while_the_listener_is_disconnected_is_delivered_after
         assert result.id == "during"
         assert reads.healthy
 
-    with_listener(redis_url, namespace, body, reads=reads)
+    with_listener(redis_url, namespace, body, lean, reads=reads)
 
 
 def clients(r: redis.Redis, namespace: str) -> list[dict[str, Any]]:
@@ -122,7 +132,7 @@ def kill(r: redis.Redis, namespace: str) -> None:
         r.client_kill_filter(_id=c["id"])
 
 
-def test_job_events_wake_the_waiters_of_that_job(r, redis_url, namespace):
+def test_job_events_wake_the_waiters_of_that_job(r, redis_url, namespace, lean):
     async def body(listener: ReplyListener) -> None:
         changed = listener.expect_job("job-1")
         other = listener.expect_job("job-2")
@@ -131,10 +141,10 @@ def test_job_events_wake_the_waiters_of_that_job(r, redis_url, namespace):
         assert not other.done()
         listener.forget_job("job-2", other)
 
-    with_listener(redis_url, namespace, body)
+    with_listener(redis_url, namespace, body, lean)
 
 
-def test_the_keepalive_carries_on_through_redis_errors(r, redis_url, namespace):
+def test_the_keepalive_carries_on_through_redis_errors(r, redis_url, namespace, lean):
     keepalives = Backoff("reply-keepalive", log)
 
     async def body(listener: ReplyListener) -> None:
@@ -149,11 +159,11 @@ def test_the_keepalive_carries_on_through_redis_errors(r, redis_url, namespace):
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    with_listener(redis_url, namespace, body, keepalives=keepalives, run=False)
+    with_listener(redis_url, namespace, body, lean, keepalives=keepalives, run=False)
 
 
 def test_after_the_reply_stream_was_lost_stored_results_answer_and_lost_requests_fail(
-    r, redis_url, namespace
+    r, redis_url, namespace, lean
 ):
     """The reply stream vanished (its replies with it) and so did one request's entry: the
     request whose result is stored is answered from it; the one Redis lost fails with 503 at
@@ -177,11 +187,11 @@ def test_after_the_reply_stream_was_lost_stored_results_answer_and_lost_requests
         assert not queued.done() and listener.waiting == 1
         assert listener.losses == 1 and listener.lost == 1
 
-    with_listener(redis_url, namespace, body, run=False)
+    with_listener(redis_url, namespace, body, lean, run=False)
 
 
 def test_a_request_gone_from_its_stream_without_a_result_fails_at_the_second_sweep(
-    r, redis_url, namespace
+    r, redis_url, namespace, lean
 ):
     """A failure is stored only as a reply, which may still be on its way: one sweep marks the
     request suspect, the next fails it."""
@@ -197,4 +207,4 @@ def test_a_request_gone_from_its_stream_without_a_result_fails_at_the_second_swe
         with pytest.raises(ServiceUnavailable):
             await future
 
-    with_listener(redis_url, namespace, body, run=False)
+    with_listener(redis_url, namespace, body, lean, run=False)
