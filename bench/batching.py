@@ -38,9 +38,7 @@ from bench.common import (
     closed_loop,
     digits_body,
     fmt,
-    git_revision,
     infer_request,
-    machine,
     markdown_table,
     model_repository,
     save,
@@ -175,8 +173,6 @@ def main() -> None:
                 f"{by[b]['rps'] / by[batches[0]]['rps']:.1f}x"
             )
     result = {
-        "machine": machine(),
-        "revision": git_revision(),
         "labels": LABELS,
         "simulated_model": GPU,
         "concurrency": args.concurrency,

@@ -31,9 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (
     calls_between,
     cpu_seconds,
-    git_revision,
     infer_request,
-    machine,
     markdown_table,
     model_repository,
     save,
@@ -211,9 +209,6 @@ def main() -> None:
     path = save(
         "cluster",
         {
-            "revision": git_revision(),
-            "command": " ".join(["python", *sys.argv]),
-            "machine": machine(),
             "simulated_model": SIM,
             "rows": rows,
             "cluster_over_one_node_rps": ratios,

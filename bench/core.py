@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DIGITS_SAMPLES, ROOT, Service, calls_between, command_calls, machine, save
+from bench.common import DIGITS_SAMPLES, ROOT, Service, calls_between, command_calls, save
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPConnection, PreparedRequest
 from loadgen.loop import LoadOptions
@@ -97,7 +97,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
 
-    results: dict[str, object] = {"machine": machine(), "levels": []}
+    results: dict[str, object] = {"levels": []}
     with Service() as svc:
         url = f"{svc.url}/v2/models/digits/infer"
         request = PreparedRequest(

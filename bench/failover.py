@@ -31,7 +31,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import git_revision, machine, markdown_table, save
+from bench.common import markdown_table, save
 from inferq.localcluster import LocalCluster
 from tests.cluster.load import failover_run
 from tests.support import GatewayThread, Stack, WorkerThread, sim_body, write_simulated_model
@@ -148,9 +148,6 @@ def main() -> None:
     path = save(
         "failover",
         {
-            "revision": git_revision(),
-            "command": " ".join(["python", *sys.argv]),
-            "machine": machine(),
             "runs": runs,
             "submission_cost": costs,
         },

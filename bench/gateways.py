@@ -30,9 +30,7 @@ from bench.common import (
     closed_loop,
     digits_body,
     fmt,
-    git_revision,
     infer_request,
-    machine,
     markdown_table,
     save,
     wait_for_quiet,
@@ -136,9 +134,6 @@ def main() -> None:
     print()
     print(markdown_table(headers, table))
     result = {
-        "machine": machine(),
-        "revision": git_revision(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "model": "digits (ONNX Runtime), cache bypassed",
         "workers": args.workers,
         "concurrency": args.concurrency,

@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Service, git_revision, machine, markdown_table, save
+from bench.common import ROOT, Service, git_revision, markdown_table, save
 from inferq.redisserver import free_port
 from loadgen.cli import main as loadgen
 
@@ -411,7 +411,6 @@ def main() -> None:
         {
             "command": "python " + " ".join(sys.argv),
             "git_revision": git_revision(),
-            "machine": machine(),
             "started": started,
             "duration_s": args.duration,
             "rounds": args.rounds,

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Service, machine, save, wait_for_quiet
+from bench.common import Service, save, wait_for_quiet
 from bench.minilm import build, requests
 from loadgen.closed import run_closed_loop
 from loadgen.http import run as run_loop
@@ -184,7 +184,6 @@ def main() -> None:
     path = save(
         "hotswap",
         {
-            "machine": machine(),
             "concurrency": args.concurrency,
             "workers": args.workers,
             "load_call": {"status": swap["status"], "seconds": swap_to - swap_from, **swap["body"]},

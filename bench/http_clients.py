@@ -28,7 +28,7 @@ from typing import Any, cast
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import free_port, git_revision, machine, markdown_table, save
+from bench.common import free_port, markdown_table, save
 from loadgen.http import HTTPConnection, prepare
 from loadgen.http import run as run_loop
 from loadgen.stats import LatencyHistogram
@@ -217,9 +217,6 @@ def main() -> None:
     path = save(
         "http_clients",
         {
-            "revision": git_revision(),
-            "command": " ".join([Path(sys.executable).name, *sys.argv]),
-            "machine": machine(),
             "duration_s": args.duration,
             "results": rows,
         },

@@ -32,8 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (
     calls_between,
     command_calls,
-    git_revision,
-    machine,
     markdown_table,
     model_repository,
     save,
@@ -200,9 +198,6 @@ def main() -> None:
     path = save(
         "idle",
         {
-            "revision": git_revision(),
-            "command": " ".join(["python", *sys.argv]),
-            "machine": machine(),
             "window_s": args.window,
             "rows": rows,
         },

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DIGITS_SAMPLES, Service, machine, save
+from bench.common import DIGITS_SAMPLES, Service, save
 from loadgen.closed import run_closed_loop
 from loadgen.http import HTTPConnection, PreparedRequest
 from loadgen.loop import LoadOptions
@@ -142,7 +142,6 @@ def main() -> None:
     save(
         "jobs_isolation",
         {
-            "machine": machine(),
             "jobs": args.jobs,
             "concurrency": args.concurrency,
             "idle": idle.to_dict(),

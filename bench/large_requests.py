@@ -27,7 +27,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Service, git_revision, machine, save
+from bench.common import Service, save
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -99,9 +99,6 @@ def main() -> None:
     save(
         "large_requests",
         {
-            "revision": git_revision(),
-            "command": " ".join(["python", *sys.argv]),
-            "machine": machine(),
             "concurrency": args.concurrency,
             "body_bytes": len(body),
             "seconds": seconds,

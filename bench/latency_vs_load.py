@@ -42,7 +42,6 @@ from bench.common import (
     fmt,
     git_revision,
     infer_request,
-    machine,
     markdown_table,
     model_repository,
     open_loop,
@@ -188,7 +187,6 @@ def main() -> None:
             f"accepted {share:.0%} of requests"
         )
     result = {
-        "machine": machine(),
         "revision": git_revision(args.root) if args.root else git_revision(),
         "model": args.model,
         "simulated_model": ACCEL if args.model == "accel" else None,

@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Service, machine, save, wait_for_quiet
+from bench.common import ROOT, Service, save, wait_for_quiet
 from loadgen.closed import run_closed_loop
 from loadgen.http import PreparedRequest
 from loadgen.http import run as run_loop
@@ -137,7 +137,7 @@ def main() -> None:
         t0 = time.perf_counter()
         build(repo)
         print(f"built minilm in {time.perf_counter() - t0:.1f} s", flush=True)
-        results: dict[str, Any] = {"machine": machine(), "sentences": len(SENTENCES)}
+        results: dict[str, Any] = {"sentences": len(SENTENCES)}
         wait_for_quiet()
         with Service("--model-repository", str(repo), "--models", "minilm") as svc:
             r = run_loop(

@@ -37,9 +37,7 @@ from bench.common import (
     command_calls,
     digits_body,
     fmt,
-    git_revision,
     infer_request,
-    machine,
     markdown_table,
     model_repository,
     open_loop,
@@ -167,8 +165,6 @@ def main() -> None:
             f"{r['open']['p99_ms'] / r['open']['p50_ms']:.2f}"
         )
     result = {
-        "machine": machine(),
-        "revision": git_revision(),
         "simulated_model": GPU,
         "duration_s": args.duration,
         "rows": rows,

@@ -33,9 +33,7 @@ from bench.common import (
     Service,
     closed_loop,
     fmt,
-    git_revision,
     infer_request,
-    machine,
     markdown_table,
     model_repository,
     save,
@@ -142,8 +140,6 @@ def main() -> None:
             f"P99 {row['p99_ms'] / base['p99_ms']:.2f}x of {base['workers']} worker's"
         )
     result = {
-        "machine": machine(),
-        "revision": git_revision(),
         "simulated_model": ACCEL,
         "per_worker_concurrency": args.per_worker_concurrency,
         "duration_s": args.duration,

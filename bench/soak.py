@@ -23,7 +23,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DIGITS_SAMPLES, Service, machine, save
+from bench.common import DIGITS_SAMPLES, Service, save
 from loadgen.http import HTTPConnection
 from protocol.keys import GROUP, Keys
 
@@ -141,7 +141,7 @@ def main() -> None:
             f"{key:>16}: {first[key]:10.1f} at {first['t_s']} s -> {last[key]:10.1f} at "
             f"{last['t_s']} s (max {max(r[key] for r in steady):.1f})"
         )
-    result = {"machine": machine(), "args": vars(args), "counts": counts, "samples": rows}
+    result = {"args": vars(args), "counts": counts, "samples": rows}
     print(f"wrote {save('soak', result)}")
 
 

@@ -44,7 +44,6 @@ from bench.common import (
     fmt,
     git_revision,
     infer_request,
-    machine,
     markdown_table,
     save,
     wait_for_quiet,
@@ -298,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
         {
             "git": git_revision(),
             "command": command,
-            "machine": machine(),
             "parts_us": parts,
             "rows": rows,
         },

@@ -118,6 +118,22 @@ def observe(
     )
 
 
+class SentStatus:
+    """Wraps an ASGI ``send`` to remember the status of the response it started (500 until
+    one starts: an exception before the response is what the client gets as a 500)."""
+
+    __slots__ = ("_send", "status")
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.status = 500
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self._send(message)
+
+
 class RequestTracing:
     """Route middleware of the inference routes (only when tracing is on): starts the
     request's server span, a child of the caller's ``traceparent``, and makes it the
@@ -134,20 +150,13 @@ class RequestTracing:
         trace = open_trace(
             self.tracer, scope, self.endpoint, params.get("model", ""), params.get("version")
         )
-        status = 500
-
-        async def send_and_watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = SentStatus(send)
         token = REQUEST_TRACE.set(trace)
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.app(scope, receive, sent.send)
         finally:
             REQUEST_TRACE.reset(token)
-            trace.end(status)
+            trace.end(sent.status)
 
 
 class RequestMetrics:
@@ -170,19 +179,12 @@ class RequestMetrics:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
-
-        async def send_and_watch(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        sent = SentStatus(send)
         routed = ROUTED_VERSION.set(None)
         try:
-            await self.app(scope, receive, send_and_watch)
+            await self.app(scope, receive, sent.send)
         finally:
-            self._observe(scope, status, time.perf_counter() - started, ROUTED_VERSION.get())
+            self._observe(scope, sent.status, time.perf_counter() - started, ROUTED_VERSION.get())
             ROUTED_VERSION.reset(routed)
 
     def _observe(self, scope: Scope, status: int, seconds: float, routed: str | None) -> None:

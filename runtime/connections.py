@@ -78,22 +78,26 @@ def _no_retry() -> Retry:
     return Retry(NoBackoff(), 0)
 
 
+def _cluster(settings: RedisSettings, name: str, socket_timeout_s: float) -> aioredis.Redis:
+    # Typed as a plain client: inferq uses only commands both kinds have, with the same
+    # signatures (pipelines split per node on a cluster).
+    return cast(
+        aioredis.Redis,
+        cluster_client(
+            settings.url,
+            name=name,
+            socket_timeout_s=socket_timeout_s,
+            connect_timeout_s=settings.connect_timeout_s,
+            pool_size=settings.pool_size,
+        ),
+    )
+
+
 def command_client(settings: RedisSettings, *, name: str) -> aioredis.Redis:
     """A client for short commands over a bounded pool: callers queue for a connection
     instead of opening one each, so the connection count stays flat under load."""
     if settings.cluster:
-        # Typed as a plain client: inferq uses only commands both kinds have, with the same
-        # signatures (pipelines split per node on a cluster).
-        return cast(
-            aioredis.Redis,
-            cluster_client(
-                settings.url,
-                name=name,
-                socket_timeout_s=settings.socket_timeout_s,
-                connect_timeout_s=settings.connect_timeout_s,
-                pool_size=settings.pool_size,
-            ),
-        )
+        return _cluster(settings, name, settings.socket_timeout_s)
     pool = BlockingConnectionPool.from_url(
         settings.url,
         max_connections=settings.pool_size,
@@ -112,16 +116,7 @@ def blocking_client(settings: RedisSettings, *, name: str, block_s: float) -> ai
     On a cluster: a cluster client whose connections wait up to ``block_s`` plus the socket
     timeout; each blocking read in flight holds one connection to the node it reads from."""
     if settings.cluster:
-        return cast(
-            aioredis.Redis,
-            cluster_client(
-                settings.url,
-                name=name,
-                socket_timeout_s=block_s + settings.socket_timeout_s,
-                connect_timeout_s=settings.connect_timeout_s,
-                pool_size=settings.pool_size,
-            ),
-        )
+        return _cluster(settings, name, block_s + settings.socket_timeout_s)
     return aioredis.Redis.from_url(
         settings.url,
         single_connection_client=True,

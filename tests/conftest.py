@@ -16,7 +16,7 @@ import pytest
 import structlog
 
 from inferq.redisserver import RedisServer
-from tests.support import GatewayThread, Stack, WorkerThread, write_simulated_model
+from tests.support import Stack, stacks, write_simulated_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DIGITS = REPO_ROOT / "models" / "digits"
@@ -79,15 +79,6 @@ def minilm_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def stack(redis_url: str, namespace: str, model_repo: Path) -> Iterator[Callable[..., Stack]]:
     """``stack(workers=2, **gateway_options)`` starts a gateway and workers; all stop at the end."""
-    started: list[GatewayThread | WorkerThread] = []
-
-    def make(workers: int = 1, models: tuple[str, ...] = (), **gateway: object) -> Stack:
-        s = Stack(redis_url, namespace, model_repo, started)
-        for _ in range(workers):
-            s.add_worker(models)
-        s.start_gateway(**gateway)
-        return s
-
+    make, stop = stacks(redis_url, namespace, model_repo)
     yield make
-    for thing in reversed(started):
-        thing.stop()
+    stop()

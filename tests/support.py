@@ -270,6 +270,49 @@ class GatewayThread:
         self._thread.join(START_TIMEOUT_S)
 
 
+def stacks(
+    redis_url: str, namespace: str, repo: Path
+) -> tuple[Callable[..., Stack], Callable[[], None]]:
+    """``(make, stop)`` for the ``stack`` fixtures: ``make(workers=1, models=(), url=None,
+    **gateway_options)`` starts a gateway and workers (on ``url``, else ``redis_url``);
+    ``stop()`` stops everything made, last first."""
+    started: list[GatewayThread | WorkerThread] = []
+
+    def make(
+        workers: int = 1, models: tuple[str, ...] = (), url: str | None = None, **gateway: object
+    ) -> Stack:
+        s = Stack(url or redis_url, namespace, repo, started)
+        for _ in range(workers):
+            s.add_worker(models)
+        s.start_gateway(**gateway)
+        return s
+
+    def stop() -> None:
+        for thing in reversed(started):
+            thing.stop()
+
+    return make, stop
+
+
+def binary_body(name: str, array: Any, **parameters: Any) -> tuple[bytes, dict[str, str]]:
+    """A V2 request with one input as binary data (the binary tensor extension): (body,
+    headers). ``parameters`` are the request's."""
+    blob = np.ascontiguousarray(array, dtype="<f4").tobytes()
+    tensor = {
+        "name": name,
+        "datatype": "FP32",
+        "shape": list(np.shape(array)),
+        "parameters": {"binary_data_size": len(blob)},
+    }
+    header = json.dumps(
+        {"inputs": [tensor], **({"parameters": parameters} if parameters else {})}
+    ).encode()
+    return header + blob, {
+        "content-type": "application/octet-stream",
+        "inference-header-content-length": str(len(header)),
+    }
+
+
 class Stack:
     """A gateway and workers sharing one Redis and namespace."""
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
 import pytest
 
-from bench import batching, latency_vs_load, scaleout
+from bench import batching, common, latency_vs_load, scaleout
 from bench.common import (
     CpuMeter,
     cpu_idle_share,
@@ -92,3 +93,18 @@ def test_cpu_meter_counts_this_process() -> None:
     assert cpu_seconds(os.getpid()) > 0 and cpu_seconds(2**22 + 12345) == 0.0
     assert 0.0 <= cpu_idle_share(0.01) <= 1.0
     assert git_revision()
+
+
+def test_save_stamps_revision_command_and_machine_into_results_and_a_committed_summary(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "SUMMARIES", tmp_path / "summaries")
+    path = common.save("demo", {"rows": [1, 2], "revision": "abc1234 (a baseline)"})
+    raw = json.loads(path.read_text())
+    assert raw == json.loads((tmp_path / "summaries" / "demo.json").read_text())
+    assert raw["rows"] == [1, 2]
+    assert raw["revision"] == "abc1234 (a baseline)"  # what the caller says wins
+    assert raw["command"].startswith("python ") and raw["machine"]["cpus"] == os.cpu_count()
+    common.save("plain", {})
+    assert json.loads((tmp_path / "summaries" / "plain.json").read_text())["revision"]

@@ -15,7 +15,7 @@ import pytest
 
 from inferq.localcluster import LocalCluster
 from tests.conftest import DIGITS
-from tests.support import GatewayThread, Stack, WorkerThread, write_simulated_model
+from tests.support import Stack, stacks, write_simulated_model
 
 PARTITIONS = 6
 """Partitions of the ``wide`` model: over 3 masters, more than one master holds its streams."""
@@ -49,17 +49,6 @@ def cluster_stack(
 ) -> Iterator[Callable[..., Stack]]:
     """``cluster_stack(workers=1, models=(), seeds=...)`` starts a gateway and workers on the
     cluster (through ``seeds``: every node by default); all stop at the end."""
-    started: list[GatewayThread | WorkerThread] = []
-
-    def make(
-        workers: int = 1, models: tuple[str, ...] = (), url: str | None = None, **gateway: object
-    ) -> Stack:
-        s = Stack(url or redis_cluster.url, namespace, cluster_repo, started)
-        for _ in range(workers):
-            s.add_worker(models)
-        s.start_gateway(**gateway)
-        return s
-
+    make, stop = stacks(redis_cluster.url, namespace, cluster_repo)
     yield make
-    for thing in reversed(started):
-        thing.stop()
+    stop()

@@ -8,6 +8,8 @@ import json
 import numpy as np
 import pytest
 
+from tests.support import binary_body
+
 ROW = [0.0] * 64
 
 
@@ -277,28 +279,9 @@ def strict_json(raw: bytes):
 
 def test_non_finite_outputs_are_sent_only_as_binary_data(stack):
     s = stack(models=("sim",))
-    header = json.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "x",
-                    "datatype": "FP32",
-                    "shape": [2, 4],
-                    "parameters": {"binary_data_size": 32},
-                }
-            ]
-        }
-    ).encode()
-    data = np.array([[1, 1, 1, 1], [np.nan, 0, 0, 0]], dtype="<f4").tobytes()
+    request, headers = binary_body("x", np.array([[1, 1, 1, 1], [np.nan, 0, 0, 0]]))
     with s.client() as c:
-        r = c.post(
-            "/v2/models/sim/infer",
-            content=header + data,
-            headers={
-                "content-type": "application/octet-stream",
-                "inference-header-content-length": str(len(header)),
-            },
-        )
+        r = c.post("/v2/models/sim/infer", content=request, headers=headers)
     assert r.status_code == 200, r.text
     n = int(r.headers["inference-header-content-length"])
     response = strict_json(r.content[:n])

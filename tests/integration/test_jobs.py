@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from protocol.keys import Keys, Lane
-from tests.support import sim_body, wait_until
+from tests.support import binary_body, sim_body, wait_until
 
 SAMPLES = json.loads((Path(__file__).parents[2] / "models/digits/samples.json").read_text())
 FINAL = {"succeeded", "failed", "expired", "cancelled"}
@@ -262,26 +262,11 @@ def test_a_reused_idempotency_key_with_a_different_body_is_refused_with_422(stac
         assert "order-7" in error and "different" in error
         assert first.json()["id"] not in error  # keys are per model, not per caller: no leak
         # The same request, sent again (as binary data this time), is the original job.
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "x",
-                        "datatype": "FP32",
-                        "shape": [1, 4],
-                        "parameters": {"binary_data_size": 16},
-                    }
-                ]
-            }
-        ).encode()
+        body, headers = binary_body("x", np.ones((1, 4)))
         same = c.post(
             "/v2/models/sim/jobs",
-            content=header + np.ones(4, "<f4").tobytes(),
-            headers={
-                "content-type": "application/octet-stream",
-                "inference-header-content-length": str(len(header)),
-                "idempotency-key": "order-7",
-            },
+            content=body,
+            headers={**headers, "idempotency-key": "order-7"},
         )
         assert same.status_code == 202 and same.headers["idempotent-replayed"] == "true"
         assert same.json()["id"] == first.json()["id"]
