@@ -1,6 +1,6 @@
 """V2 gRPC messages <-> the gateway's request body and result tensors. Pure functions, no I/O.
 
-The checks are the HTTP parser's own (``producer.v2``: names, datatypes, shapes against the
+The checks are the HTTP parser's own (``producer.v2_request``: names, datatypes, shapes against the
 model, shared memory, missing inputs, requested outputs), so a bad request gets the same
 BadRequest message over either transport. Only the data differs:
 
@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from producer.errors import BadRequest
-from producer.v2 import (
+from producer.v2_request import (
     InferRequestBody,
     check_element_count,
     check_input_parameters,

@@ -30,67 +30,51 @@ per sweep (every ``heartbeat_s``); nothing per request.
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from producer.waiters import Waiter
 from protocol.keys import id_before, text
-from protocol.messages import InferResult
 
 SWEEP_CHUNK = 1000
 """Commands per pipeline, so that 10,000 waiters do not make one giant round trip."""
 
 
 @dataclass(slots=True)
-class Waiter:
-    """A request the gateway waits on, and where it was queued (once it was)."""
-
-    future: asyncio.Future[InferResult]
-    stream: str = ""
-    entry_id: str = ""
-    result_key: str = ""
-    suspect: bool = False
-    """Gone from its stream without a result at the last sweep."""
-
-    @property
-    def queued(self) -> bool:
-        return bool(self.entry_id)
-
-
-@dataclass(slots=True)
 class Verdict:
-    found: dict[str, bytes] = field(default_factory=dict)
-    """Request id -> its stored result (the reply was lost, the result was not)."""
-    lost: list[str] = field(default_factory=list)
-    """Request ids Redis lost: not in their stream, no result."""
+    found: list[tuple[Waiter, bytes]] = field(default_factory=list)
+    """Waiters whose results are stored (the reply was lost, the result was not)."""
+    lost: list[Waiter] = field(default_factory=list)
+    """Waiters whose requests Redis lost: not in their stream, no result."""
 
 
-async def sweep(redis: aioredis.Redis, waiters: dict[str, Waiter], *, after_loss: bool) -> Verdict:
-    """Judge every queued waiter (see the module docstring). ``after_loss``: Redis is known to
-    have lost data (fail gone requests now, and look for results of all, not only gone ones).
-    Redis errors propagate."""
-    queued = {rid: w for rid, w in waiters.items() if w.queued}
+async def sweep(redis: aioredis.Redis, waiters: Iterable[Waiter], *, after_loss: bool) -> Verdict:
+    """Judge every queued waiter (see the module docstring) and mark the suspects.
+    ``after_loss``: Redis is known to have lost data (fail gone requests now, and look for
+    results of all, not only gone ones). Redis errors propagate."""
+    queued = [w for w in waiters if w.queued]
     verdict = Verdict()
     if not queued:
         return verdict
-    firsts = await _first_ids(redis, sorted({w.stream for w in queued.values()}))
+    firsts = await _first_ids(redis, sorted({w.stream for w in queued}))
     gone = {
-        rid
-        for rid, w in queued.items()
+        w.id
+        for w in queued
         if w.stream in firsts and (firsts[w.stream] is None or _before(w, firsts[w.stream]))
     }
-    look = [rid for rid in queued if after_loss or rid in gone]
-    results = await _results(redis, [(rid, queued[rid].result_key) for rid in look])
-    for rid, w in queued.items():
-        payload = results.get(rid)
+    look = [w for w in queued if after_loss or w.id in gone]
+    results = await _results(redis, [(w.id, w.result_key) for w in look])
+    for w in queued:
+        payload = results.get(w.id)
         if payload is not None:
-            verdict.found[rid] = payload
-        elif rid in gone and (after_loss or w.suspect):
-            verdict.lost.append(rid)
+            verdict.found.append((w, payload))
+        elif w.id in gone and (after_loss or w.suspect):
+            verdict.lost.append(w)
         else:
-            w.suspect = rid in gone
+            w.suspect = w.id in gone
     return verdict
 
 
