@@ -1,15 +1,11 @@
 """``inference.GRPCInferenceService``: the V2 gRPC methods, each a thin call into the same
-inference service, registry and model admin the HTTP routes use.
+inference service, registry and model admin the HTTP routes use, observed by the same wrapper
+(``producer.instrument``, ``protocol="grpc"``, the HTTP status of the answer).
 
-Errors are the gateway's own (``producer.errors``), turned into a gRPC status by one table keyed
-by their HTTP status (``protocol.grpc.status``), with the same message. Every call is counted in
-the same request metrics as HTTP, with ``protocol="grpc"`` and the HTTP status of its answer.
-
-Deadlines: a call's gRPC deadline becomes the request's V2 ``timeout`` (the smaller of the two
-when both are given); the service caps it by ``--max-timeout-ms`` as it does for HTTP. A call the
-client cancels (or whose deadline passes) cancels its handler; the service then abandons the
-request as it does for an HTTP client that hangs up: it stops waiting, and a worker that has not
-started the request drops it.
+Refusals are the gateway's own errors, in their gRPC form (``_abort``). A call's gRPC deadline
+becomes the request's V2 ``timeout`` (the smaller, when both are given). A call the client
+cancels cancels its handler, and the service abandons the request as for an HTTP client that
+hangs up: it stops waiting, and a worker that has not started it drops it.
 """
 
 from __future__ import annotations

@@ -83,6 +83,22 @@ def request_digest(asked_version: str | None, body: InferRequestBody) -> str:
     return h.hexdigest()
 
 
+def job_terms(settings: GatewaySettings) -> Terms:
+    """Jobs: ``--job-timeout-s`` unless the request names a timeout, capped by their retention
+    (``--job-ttl``); the low lane unless a priority is named; never the cache; refused at
+    ``--max-job-backlog`` queued, whatever the deadlines (a job waits as long as it must)."""
+    return Terms(
+        kind=Kind.JOB,
+        default_timeout_ms=settings.job_timeout_s * 1000,
+        max_timeout_ms=settings.job_ttl_s * 1000,
+        unprioritised=Lane.LOW,
+        cache=False,
+        result_ttl_ms=settings.job_ttl_s * 1000,
+        queue_cap=settings.max_job_backlog,
+        stage="enqueue",  # the worker's spans of this job join it
+    )
+
+
 def iso(ms: int) -> str | None:
     if not ms:
         return None
@@ -107,18 +123,7 @@ class JobService:
         self._undo: AsyncScript = self._redis.register_script(UNDO_SCRIPT)
         self.cluster = cluster
         """A Redis Cluster: a submission is two steps (see ``_enqueue``)."""
-        self.terms = Terms(
-            kind=Kind.JOB,
-            default_timeout_ms=settings.job_timeout_s * 1000,
-            max_timeout_ms=settings.job_ttl_s * 1000,  # a job's deadline is within its retention
-            unprioritised=Lane.LOW,
-            cache=False,
-            result_ttl_ms=settings.job_ttl_s * 1000,
-            queue_cap=settings.max_job_backlog,
-            stage="enqueue",  # the worker's spans of this job join it
-        )
-        """What jobs are taken on: ``--job-timeout-s`` and ``--job-ttl-s``, the low lane
-        unless a priority is named, at most ``--max-job-backlog`` queued, never the cache."""
+        self.terms = job_terms(settings)
 
     async def submit(
         self,

@@ -1,31 +1,11 @@
 """Waiting requests that Redis has lost, found without waiting out their deadlines.
 
-Redis can lose a queued request: it restarted without its data, it evicted the request stream
-(an evicting ``maxmemory-policy``), or an operator trimmed or deleted it. A reply can be lost too:
-workers write replies with ``NOMKSTREAM``, so while a gateway's reply stream is missing (expired,
-evicted, Redis restarted) replies to it are dropped. Either way the caller would wait for its
-full deadline and get a 504 that says nothing.
-
-``sweep`` looks at the requests a gateway waits on. A request's entry is *gone* when its stream
-no longer holds it: the stream is missing or empty, or starts after the entry's id (workers trim
-only below what was delivered and acknowledged, and acknowledge only after the result is stored).
-For a gone entry the result key decides: a stored result is the answer (its reply was lost);
-no result means Redis lost the request. After the gateway's own reply stream was lost, every
-waiter's result key is read, since any reply may have been dropped.
-
-An uncached synchronous result is written once, to the reply stream; its result key is written
-only when the reply stream was missing (the worker's ``XADD ... NOMKSTREAM`` answered nil). So a
-reply stream lost *after* a reply reached it, before the gateway read it, takes that result with
-it: the request is failed as lost (503, retry) rather than answered from a key. Cached results
-and job results are always stored under their keys.
-
-Failures are stored only as replies, not as result keys, so a gone entry without a result might
-be a failure whose reply is still on its way: a periodic sweep marks such a request *suspect*
-and fails it only if it is still waiting at the next sweep. When the sweep follows a known loss
-(Redis restarted empty, the reply stream vanished), it fails them at once.
-
-Cost: one ``XRANGE ... COUNT 1`` per request stream with waiters, and a ``GET`` per gone entry,
-per sweep (every ``heartbeat_s``); nothing per request.
+``sweep`` judges the queued waiters: an entry is *gone* when its stream no longer holds it
+(missing, empty, or starting after its id). A gone entry with a stored result is answered from
+it (its reply was lost); one without is *suspect*, and lost at the next sweep, or at once after
+a known loss (``after_loss``: the reply stream or Redis's data vanished). Each sweep costs one
+``XRANGE ... COUNT 1`` per stream with waiters and a ``GET`` per gone entry; nothing per
+request. Why it is sound: ARCHITECTURE.md, "Requests Redis lost".
 """
 
 from __future__ import annotations

@@ -87,6 +87,21 @@ class Terms:
     """The trace span from enqueue onwards (``queue wait``, ``enqueue``)."""
 
 
+def infer_terms(settings: GatewaySettings) -> Terms:
+    """Submit-and-wait: the model's default timeout, capped by ``--max-timeout-ms``; the
+    normal lane unless a priority is named; the cache; admission against the deadline."""
+    return Terms(
+        kind=Kind.INFER,
+        default_timeout_ms=None,
+        max_timeout_ms=settings.max_timeout_ms,
+        unprioritised=Lane.NORMAL,
+        cache=True,
+        result_ttl_ms=settings.result_ttl_s * 1000,
+        queue_cap=None,
+        stage="queue wait",  # enqueue to reply; the worker's spans join it
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Schedule:
     """The V2 schedule-policy parameters of one request, validated, under its terms."""
@@ -154,16 +169,7 @@ class InferenceService:
         self.router = VersionRouter()
         self._partition_turn: dict[str, int] = {}
         self.inflight = InflightBytes(settings.max_inflight_bytes)
-        self.terms = Terms(
-            kind=Kind.INFER,
-            default_timeout_ms=None,
-            max_timeout_ms=settings.max_timeout_ms,
-            unprioritised=Lane.NORMAL,
-            cache=True,
-            result_ttl_ms=settings.result_ttl_s * 1000,
-            queue_cap=None,
-            stage="queue wait",  # enqueue to reply; the worker's spans join it
-        )
+        self.terms = infer_terms(settings)
 
     def hold_body(self) -> BodyHold:
         """A hold on request-body bytes against ``--max-inflight-bytes``: grow it as the body
@@ -196,32 +202,6 @@ class InferenceService:
             )
         return entry, version
 
-    def schedule(
-        self, meta: ModelMetadata, body: InferRequestBody, terms: Terms, *, no_cache: bool
-    ) -> Schedule:
-        params = body.parameters
-        timeout_us = params.get("timeout", 0)
-        if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
-            raise BadRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
-        priority = params.get("priority", 0)
-        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
-            raise BadRequest("parameter 'priority' must be a non-negative integer (1 is highest)")
-        cache = params.get("cache", True)
-        if not isinstance(cache, bool):
-            raise BadRequest("parameter 'cache' must be true or false")
-        if timeout_us:
-            timeout_ms = timeout_us // 1000
-        elif terms.default_timeout_ms is None:
-            timeout_ms = meta.default_timeout_ms
-        else:
-            timeout_ms = terms.default_timeout_ms
-        return Schedule(
-            timeout_ms=max(1, min(timeout_ms, terms.max_timeout_ms)),
-            priority=priority,
-            lane=Lane.for_priority(priority) if "priority" in params else terms.unprioritised,
-            use_cache=cache and terms.cache and not no_cache and meta.cache_enabled,
-        )
-
     async def prepare(
         self,
         name: str,
@@ -241,7 +221,7 @@ class InferenceService:
         try:
             meta = entry.metadata
             body = decode(meta)
-            sched = self.schedule(meta, body, terms, no_cache=no_cache)
+            sched = schedule(meta, body, terms, no_cache=no_cache)
             trace.since_start("receive and validate")
             if terms.queue_cap is None and entry.workers == 0:
                 self.metrics.observe_rejected(name, "no_workers")
@@ -454,6 +434,37 @@ class InferenceService:
         except RETRYABLE as e:
             self.metrics.observe_rejected(model, "redis_unavailable")
             raise redis_unavailable(e) from e
+
+
+def schedule(
+    meta: ModelMetadata, body: InferRequestBody, terms: Terms, *, no_cache: bool
+) -> Schedule:
+    """The request's V2 schedule parameters (``timeout`` in µs, ``priority``, ``cache``),
+    checked (400), under its terms: the default timeout and its cap, the lane when no
+    priority is named, whether the cache may answer (``no_cache``: the caller wants a fresh
+    answer)."""
+    params = body.parameters
+    timeout_us = params.get("timeout", 0)
+    if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
+        raise BadRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
+    priority = params.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+        raise BadRequest("parameter 'priority' must be a non-negative integer (1 is highest)")
+    cache = params.get("cache", True)
+    if not isinstance(cache, bool):
+        raise BadRequest("parameter 'cache' must be true or false")
+    if timeout_us:
+        timeout_ms = timeout_us // 1000
+    elif terms.default_timeout_ms is None:
+        timeout_ms = meta.default_timeout_ms
+    else:
+        timeout_ms = terms.default_timeout_ms
+    return Schedule(
+        timeout_ms=max(1, min(timeout_ms, terms.max_timeout_ms)),
+        priority=priority,
+        lane=Lane.for_priority(priority) if "priority" in params else terms.unprioritised,
+        use_cache=cache and terms.cache and not no_cache and meta.cache_enabled,
+    )
 
 
 def _log_unmarked(marked: asyncio.Future[Any]) -> None:
