@@ -27,7 +27,7 @@ from producer.errors import GatewayError, http_form
 from producer.httpbody import caller_traceparent, no_cache, read_inference_body
 from producer.instrument import Instrument, content_length
 from producer.v2_request import parse_infer_request
-from producer.v2_response import encode_infer_response
+from producer.v2_response import encode_infer_response, response_document
 from runtime.tracing import REQUEST_TRACE
 
 if TYPE_CHECKING:
@@ -77,12 +77,14 @@ async def respond(
         result = outcome.result
         with REQUEST_TRACE.get().span("encode response"):
             body, json_length = encode_infer_response(
-                client_id=outcome.body.client_id,
-                model_name=result.model,
-                model_version=result.version,
-                outputs=result.outputs,
-                binary_outputs=outcome.body.binary_outputs,
-                binary_all=outcome.body.binary_all,
+                *response_document(
+                    client_id=outcome.body.client_id,
+                    model_name=result.model,
+                    model_version=result.version,
+                    outputs=result.outputs,
+                    binary_outputs=outcome.body.binary_outputs,
+                    binary_all=outcome.body.binary_all,
+                )
             )
     response_headers = [
         (b"content-length", str(len(body)).encode()),

@@ -58,26 +58,10 @@ def response_document(
     return document, blobs
 
 
-def encode_infer_response(
-    *,
-    client_id: str | None,
-    model_name: str,
-    model_version: str,
-    outputs: list[Tensor],
-    binary_outputs: frozenset[str],
-    binary_all: bool,
-) -> tuple[bytes, int | None]:
-    """The response body and its header length: ``None`` for plain JSON
+def encode_infer_response(document: dict[str, Any], blobs: list[bytes]) -> tuple[bytes, int | None]:
+    """The body of a ``response_document`` and its header length: ``None`` for plain JSON
     (``application/json``); else the length to send as ``Inference-Header-Content-Length``
     with ``application/octet-stream``."""
-    document, blobs = response_document(
-        client_id=client_id,
-        model_name=model_name,
-        model_version=model_version,
-        outputs=outputs,
-        binary_outputs=binary_outputs,
-        binary_all=binary_all,
-    )
     header = orjson.dumps(document)  # compact and strict: non-finite values are in the blobs
     if not blobs:
         return header, None

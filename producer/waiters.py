@@ -98,26 +98,27 @@ class Waiter:
 
     def resolve(self, result: InferResult) -> bool:
         """Answer it; False if it was settled already."""
-        if self._waiters is None:
-            return False
-        self._release()
-        if not self.future.done():
-            self.future.set_result(result)
-        return True
+        return self._settle(result, None)
 
     def fail(self, error: BaseException) -> bool:
         """Fail it with ``error``; False if it was settled already."""
-        if self._waiters is None:
-            return False
-        self._release()
-        if not self.future.done():
-            self.future.set_exception(error)
-        return True
+        return self._settle(None, error)
 
     def close(self) -> None:
         """Let go of it, settled or not (its waiting coroutine is leaving)."""
         if self._waiters is not None:
             self._release()
+
+    def _settle(self, result: InferResult | None, error: BaseException | None) -> bool:
+        if self._waiters is None:
+            return False
+        self._release()
+        if not self.future.done():  # a cancelled caller cancelled it
+            if error is None:
+                self.future.set_result(result)  # type: ignore[arg-type]
+            else:
+                self.future.set_exception(error)
+        return True
 
     def _expire(self) -> None:
         self.fail(TimeoutError())

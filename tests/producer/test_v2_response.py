@@ -10,7 +10,7 @@ import pytest
 import tritonclient.http as triton
 
 from producer.v2_request import parse_infer_request
-from producer.v2_response import encode_infer_response
+from producer.v2_response import encode_infer_response, response_document
 from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import Tensor
 
@@ -42,12 +42,14 @@ def _respond(
     client_id: str | None = "r1",
 ) -> tuple[bytes, int | None]:
     return encode_infer_response(
-        client_id=client_id,
-        model_name="digits",
-        model_version="1",
-        outputs=outputs,
-        binary_outputs=binary_outputs,
-        binary_all=binary_all,
+        *response_document(
+            client_id=client_id,
+            model_name="digits",
+            model_version="1",
+            outputs=outputs,
+            binary_outputs=binary_outputs,
+            binary_all=binary_all,
+        )
     )
 
 
@@ -177,12 +179,14 @@ def test_full_round_trip_from_tritonclient_request_to_tritonclient_result() -> N
 
     results = {t.name: t for t in _digits_outputs()}
     body, header_length = encode_infer_response(
-        client_id=req.client_id,
-        model_name="digits",
-        model_version="1",
-        outputs=[results[name] for name in req.outputs],
-        binary_outputs=req.binary_outputs,
-        binary_all=req.binary_all,
+        *response_document(
+            client_id=req.client_id,
+            model_name="digits",
+            model_version="1",
+            outputs=[results[name] for name in req.outputs],
+            binary_outputs=req.binary_outputs,
+            binary_all=req.binary_all,
+        )
     )
 
     result = _triton_result(body, header_length)
