@@ -47,7 +47,6 @@ from producer.replies import ReplyListener
 from producer.routing import VersionRouter
 from producer.settings import GatewaySettings
 from producer.v2_request import InferRequestBody
-from producer.waiters import Waiter
 from protocol import ProtocolError
 from protocol.cachekey import digest
 from protocol.cancellation import MARK_SCRIPT, mark_args
@@ -241,7 +240,8 @@ class InferenceService:
                 self.metrics.observe_cache(name, hit=cached is not None)
                 if cached is not None:
                     try:
-                        return InferOutcome(body, InferResult.decode(cached), True, version)
+                        result = InferResult.decode(cached)
+                        return InferOutcome(body, result, cached=True, version=version)
                     except ProtocolError:
                         log.warning("ignoring an undecodable cache entry", key=cache_key)
             self._admit(name, entry, sched, terms)
@@ -293,9 +293,8 @@ class InferenceService:
         try:
             result = await self._queue_and_wait(prepared, started, disconnected)
             self._observe(name, result)
-            return InferOutcome(
-                prepared.body, _checked(result, name, timeout_ms), False, prepared.version
-            )
+            checked = _checked(result, name, timeout_ms)
+            return InferOutcome(prepared.body, checked, cached=False, version=prepared.version)
         except GatewayError as e:
             e.routed = prepared.version
             raise
@@ -311,7 +310,7 @@ class InferenceService:
         request = prepared.request
         name = request.model
         lane = prepared.schedule.lane
-        waiter: Waiter = self.waiters.expect(request.id, name, request.deadline_ms)
+        waiter = self.waiters.expect(request.id, name, request.deadline_ms)
         stream = self.keys.stream(name, lane, self.partition(name, prepared.partitions))
         try:
             entry_id = await self._redis("XADD", stream, "*", FIELD, request.encode(), model=name)
