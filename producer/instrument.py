@@ -1,16 +1,11 @@
 """One wrapper counts, times and traces every request the gateway answers, over any transport.
 
-A transport starts an ``Observation`` when a request arrives and ends it once, with the status of
-the answer: ``end(status)``, or ``failed(error)``, which also maps the exception to what the
-caller is told (``producer.errors.answer_for``). The infer fast path and gRPC call it directly;
-the Starlette routes through ``RequestMetrics``, which reads the status from the response and the
-labels from the route Starlette matched.
-
-Labels: the endpoint is the route table's name (``producer.app``); model and version are set
-only for models the registry knows, so a label never carries a name a client made up; the
-version is the one the service routed the request to, when it says (``routed``). With tracing
-on, ``trace`` opens the request's server span, a child of the caller's ``traceparent``, and
-makes it the ``REQUEST_TRACE`` of the handlers below until the observation ends.
+A transport starts an ``Observation`` when a request arrives and ends it once with the status of
+its answer (``end``; ``failed`` also maps an exception to that answer, ``errors.answer_for``).
+The infer fast path and gRPC use it directly, the Starlette routes through ``RequestMetrics``.
+Labels name only models the registry knows (a client cannot grow a series), with the version
+the request was routed to when the service says; ``trace`` opens the server span, a child of
+the caller's ``traceparent``, as the ``REQUEST_TRACE`` of the handlers below.
 """
 
 from __future__ import annotations
@@ -114,7 +109,7 @@ class Observation:
         }
         if version is not None:
             attributes["inferq.version"] = version
-        self.trace(f"{scope['method']} {endpoint}", header(scope, b"traceparent"), attributes)
+        self.trace(f"{scope['method']} {endpoint}", _header(scope, b"traceparent"), attributes)
 
     def end(self, status: int) -> None:
         """Count and time the answered request; close its span with ``status``."""
@@ -162,7 +157,7 @@ def known_labels(
     return model, version
 
 
-def header(scope: Scope, wanted: bytes) -> str | None:
+def _header(scope: Scope, wanted: bytes) -> str | None:
     """One request header's value, read from the ASGI scope."""
     for name, value in scope["headers"]:
         if name == wanted:

@@ -1,17 +1,12 @@
 """The one inference handler behind every transport: prepare, look in the cache, queue, wait.
 
-``prepare`` is every request's opening, submit-and-wait or job: the model and the version it
-is routed to, the parsed body, its schedule under the request's ``Terms``, the cache key and
-lookup, admission, and the ``InferRequest`` to queue. ``infer`` (HTTP and gRPC) then queues the
-request and waits on its ``Waiter`` (``producer.waiters``); ``producer.jobs`` queues it as a job.
-The routed version travels back in the answer (``InferOutcome.version``) or on the refusal
-(``GatewayError.routed``), for the metrics. A cache miss costs two Redis commands (GET, XADD),
-both auto-pipelined; the result arrives on the reply stream with no further command.
-
-Transports hold the body's bytes with ``hold_body()`` until the answer is sent, and say when the
-caller goes away: ``disconnected`` (watched once the request has waited ``WATCH_AFTER_S``),
-``abandon(request_id)``, or cancelling the task in ``infer``. An abandoned request stops being
-waited for at once and is marked cancelled, so a worker that has not started it drops it.
+``prepare`` opens every request, submit-and-wait or job, under its ``Terms``: route, parse,
+schedule, cache, admit, and the ``InferRequest`` to queue. ``infer`` (HTTP, gRPC) queues it
+and waits on its ``Waiter``; ``producer.jobs`` queues it as a job. The routed version comes back
+in ``InferOutcome.version`` or ``GatewayError.routed``. A cache miss costs two auto-pipelined
+Redis commands (GET, XADD). Transports hold the body with ``hold_body()`` and report a caller
+that goes away (``disconnected``, ``abandon``, or cancelling ``infer``): the request is then
+no longer waited for, and marked so that a worker that has not started it drops it.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""One record per request the gateway waits on, and the registry that holds them by request id.
+"""One record per request the gateway waits on, and the registry of them by request id.
 
-A ``Waiter`` owns its request's future, deadline, place in Redis, the watch on its caller and
-its share of the per-model count. It is registered (``Waiters.expect``) before its request is
-queued, so that even an instant reply finds it, and it is settled once, through its own methods,
-by whoever ends it: the reply (``resolve``), its deadline (the timer ``wait`` sets), the loss
-sweep or the caller going away (``fail``), shutdown (``Waiters.fail_all``). Settling stops its
-timer and watcher and takes it out of the registry (``_release``, the only place that does);
-a reply arriving later finds nobody. ``close`` lets go of one that was never settled.
-
-Per request this costs the record, its future and one timer at a time (first the moment the
-caller starts being watched, then the deadline); a task watches the caller only once the
-request has waited ``WATCH_AFTER_S``, which most requests never do.
+A ``Waiter`` owns its future, deadline timer, place in Redis, watcher and per-model count. It
+is registered before its request is queued (an instant reply finds it) and settled once, through
+its methods, by whoever ends it: the reply, the deadline, the loss sweep, the caller going away,
+shutdown. Settling releases it in one place (``_release``). Per request: the record, its future,
+one timer at a time, and a watcher task only past ``WATCH_AFTER_S``. Why: ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -66,11 +60,6 @@ class Waiter:
     @property
     def queued(self) -> bool:
         return bool(self.entry_id)
-
-    @property
-    def registered(self) -> bool:
-        """Still waited on: not yet settled nor closed."""
-        return self._waiters is not None
 
     def enqueued(self, stream: str, entry_id: str, result_key: str) -> None:
         """Where the request was queued: what the loss sweep checks."""
