@@ -39,20 +39,21 @@ from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
 import structlog
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from consumer.ledger import Ledger
-from consumer.metrics import WorkerMetrics
-from consumer.slots import ModelSlots
-from protocol.keys import GROUP, Keys, Lane, next_id, text
+from consumer.context import WorkerContext
+from consumer.trim import TRIM_SCRIPT
+from protocol.keys import GROUP, Lane, text
 from runtime.aio import cancelling
-from runtime.backoff import Backoff
 from runtime.faults import RETRYABLE, Fault, classify
 from runtime.stats import read_snapshot
 
 log = structlog.get_logger("inferq.worker")
 
 HOUSEKEEPING_EVERY = 20
+MIN_INTERVAL_S = 0.05
+"""A pass runs every quarter of ``claim_idle_ms``, but not more often than this."""
 _LANES = {lane.value for lane in Lane}
 
 
@@ -71,34 +72,21 @@ class Intake(Protocol):
 
 
 class Reclaimer:
-    def __init__(
-        self,
-        redis: aioredis.Redis,
-        *,
-        consumer: str,
-        keys: Keys,
-        slots: ModelSlots,
-        ledger: Ledger,
-        intake: Intake,
-        now_ms: Callable[[], int],
-        metrics: WorkerMetrics,
-        max_deliveries: int,
-        claim_idle_ms: int,
-        interval_s: float,
-        backoff: Backoff | None = None,
-    ) -> None:
+    def __init__(self, context: WorkerContext, redis: aioredis.Redis, intake: Intake) -> None:
+        s = context.settings
         self._redis = redis
-        self._consumer = consumer
-        self._keys = keys
-        self._slots = slots
-        self._ledger = ledger
+        self._consumer = context.worker_id
+        self._keys = context.keys
+        self._slots = context.slots
+        self._ledger = context.ledger
         self._intake = intake
-        self._now_ms = now_ms
-        self._metrics = metrics
-        self._max_deliveries = max_deliveries
-        self._claim_idle_ms = claim_idle_ms
-        self._interval_s = interval_s
-        self._backoff = backoff or Backoff("reclaimer", log, critical=False)
+        self._now_ms = context.clock.now_ms
+        self._metrics = context.metrics
+        self._max_deliveries = s.max_deliveries
+        self._claim_idle_ms = s.claim_idle_ms
+        self._interval_s = max(MIN_INTERVAL_S, s.claim_idle_ms / 1000 / 4)
+        self._backoff = context.loops.backoff("reclaimer", critical=False)
+        self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
         self.reclaimed = 0
         self.renewed = 0
         self.pruned = 0
@@ -199,21 +187,9 @@ class Reclaimer:
         self._intake.accept(stream, claimed, deliveries=times)
 
     async def trim(self, stream: str) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xinfo_groups(stream)
-        pipe.xpending(stream, GROUP)
-        try:
-            groups, pending = await pipe.execute()
-        except ResponseError:
-            return  # no stream or no group yet: nothing was ever delivered
-        group = next((g for g in groups if text(g["name"]) == GROUP), None)
-        if group is None:
-            return
-        delivered = text(group["last-delivered-id"])
-        if delivered == "0-0":
-            return
-        floor = text(pending["min"]) if pending["pending"] else next_id(delivered)
-        await self._redis.xtrim(stream, minid=floor, approximate=False)
+        """The writer's trim (``consumer.trim``): below the oldest entry pending, never past the
+        last delivered; nothing when there is no stream or group."""
+        await self._trim(keys=[stream], args=[GROUP])
 
     async def prune(self, stream: str) -> None:
         try:
