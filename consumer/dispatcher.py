@@ -1,13 +1,10 @@
-"""One dispatcher per served model: asks the batch policy when to run, drops what expired,
-drops requests whose callers have gone (``protocol.cancellation``), claims the batch's async
-jobs, runs the batch on the model's own thread (the event loop keeps reading meanwhile) or, for a
-model measured to be quick, on the loop itself (``consumer.inline``), and hands every outcome to
-the writer.
+"""One dispatcher per served model: when the batch policy says, it takes a batch, drops what
+expired and what callers have gone from (``protocol.cancellation``), claims the batch's jobs,
+runs the batch on the model's thread or, for a quick model, on the event loop
+(``consumer.inline``), and hands every outcome to the writer.
 
-Its Redis commands are the cancellation lookup and the job claim. When Redis cannot answer the
-lookup the requests run (it only costs work); when it refuses the claim, the jobs go back to the
-queue and the dispatcher backs off before it tries again, while the synchronous requests of the
-batch run.
+When Redis cannot answer the cancellation lookup, the requests run (it only costs work); when it
+refuses the job claim, the jobs go back to the queue and the dispatcher backs off.
 """
 
 from __future__ import annotations

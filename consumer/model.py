@@ -67,7 +67,6 @@ class ServedModel:
         """Loaded and warmed for a change not yet committed."""
         self.retiring: dict[str, Backend] = {}
         """Dropped by the last change; still answering requests routed to them before it."""
-        self.bisections = 0
         self._output_types = {o.name: o.datatype for o in config.outputs}
 
     def _batching(self, config: ModelConfig) -> tuple[int, float]:
@@ -174,7 +173,6 @@ class ServedModel:
         outcome = self._run_once(requests, waits, stamp)
         if not outcome.model_failed or len(requests) == 1:
             return outcome
-        self.bisections += 1
         middle = len(requests) // 2
         left = self._bisect(requests[:middle], waits[:middle], stamp)
         right = self._bisect(requests[middle:], waits[middle:], stamp)

@@ -1,15 +1,12 @@
 """What the writer stores for a finished stream entry, and how a request's outcome becomes one.
 
 An ``Outgoing`` names one entry and everything that must be in Redis before it is acknowledged:
-the reply to the waiting gateway, the result key (``SET NX``: the cache entry, a result nobody
-waits on a reply stream for, or the backup of a reply that could not be delivered), the job
-record's transition, or a dead letter. ``Outcomes`` builds them from results.
-
-An uncached synchronous result is written once: its request's ``result_key`` is the per-request
-key ``Keys.result(id)`` (the gateway sends a cache key instead when the cache is on), and the
-reply stream carries the same bytes, so the key is written only when the reply cannot be
-delivered (``XADD ... NOMKSTREAM`` answered nil: the gateway's reply stream is missing). That is
-the case the gateway's loss sweep (``producer.losses``) reads result keys for.
+the reply, the result key (``SET NX``: the cache entry, a result nobody waits on a reply stream
+for, or the backup of a reply that could not be delivered), the job transition, or a dead letter.
+``Outcomes`` builds them, encoding each result once. An uncached synchronous result
+(``result_key`` is ``Keys.result(id)``) goes only to its reply stream; its key is written only
+when ``XADD ... NOMKSTREAM`` finds that stream missing, for the gateway's loss sweep
+(``producer.losses``).
 """
 
 from __future__ import annotations

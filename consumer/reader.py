@@ -1,18 +1,10 @@
-"""The worker's reader: one ``XREADGROUP`` over every stream of every served model (on a Redis
-Cluster, one per slot: see ``ReadGroup``), and the intake that turns what it reads (or what the
-reclaimer claims) into queued deliveries.
+"""The worker's reader: ``XREADGROUP`` for just enough entries to fill each model's next batch
+(one read per ``ReadGroup``), and the intake that queues what it reads, or what the reclaimer
+claims, as deliveries.
 
-Reads are aimed at batching: the reader asks each model's streams for just enough entries to fill
-its next batch, keeps reading while the model runs (the next batch forms meanwhile), stops
-reading a model whose next batch is full, and wakes from a blocking read with ``CLIENT UNBLOCK``
-when a model that was full wants more.
-
-A Redis error never ends the reader. A vanished stream or consumer group (Redis evicted the
-stream, or restarted empty; Redis answers ``UNBLOCKED the stream key no longer exists`` or
-``NOGROUP``) is created again and reading carries on; anything else is retried with backoff,
-after which the reader pages through its own pending list again in case a read's reply was lost.
-On a cluster, a read that meets a slot that moved (failover, resharding: MOVED, or a connection
-refused by a dead master) reconnects to where the slot lives now.
+A Redis error never ends it: a vanished stream or consumer group is created again; anything else
+is retried with backoff, after which the reader pages through its own pending list again in case
+a read's reply was lost. Why reads are shaped so: ARCHITECTURE.md, "Reading for batches".
 """
 
 from __future__ import annotations

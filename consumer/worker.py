@@ -1,19 +1,10 @@
-"""The worker process: reads a consumer group, forms batches, runs models, publishes results.
+"""The worker process: reads its models' request streams in a consumer group, forms batches,
+runs the models, stores the results, and only then acknowledges.
 
-Its parts, each in its own module, all owned here (started in ``start``, stopped in ``stop``):
-- the reader (``reader.py``): one ``XREADGROUP`` over every stream of every served model (on a
-  Redis Cluster, one per model partition), and the intake that queues what it reads;
-- one dispatcher per model (``dispatcher.py``): forms batches and runs them on the model's own
-  thread, so the event loop keeps reading (a quick model's on the loop: ``inline.py``);
-- the writer (``writer.py``): pipelines results, replies and job transitions, then the XACKs;
-- the ledger (``ledger.py``): every entry held, and how far it got; acks only what is stored;
-- the reclaimer (``reclaimer.py``): renews long-running entries, takes over a dead worker's;
-- the advertiser (``advertiser.py``): heartbeat, model metadata, Redis's eviction policy;
-- model control (``control.py``): loads and switches versions on the control plane's commands.
-
-Every loop survives Redis errors with backoff (``runtime.loops``). A loop that ends any other way
-is a bug: the worker stops, and ``run`` raises ``LoopCrashed`` so the process exits non-zero and
-its supervisor restarts it.
+``Worker`` owns every part (started in ``start``, stopped in ``stop``); the parts share one
+``WorkerContext``. How they fit together: ARCHITECTURE.md, "The worker". Every loop survives
+Redis errors with backoff; one that ends any other way is a bug, so the worker stops and ``run``
+raises ``LoopCrashed`` for the process to exit non-zero and its supervisor to restart it.
 """
 
 from __future__ import annotations

@@ -26,10 +26,6 @@ pytestmark = pytest.mark.integration
 IDLE_MS = 100
 
 
-class FakeModel:
-    name = "m"
-
-
 class FakeSlots:
     """The one method of ``ModelSlots`` the reclaimer uses."""
 
