@@ -45,6 +45,7 @@ from typing import Any, TextIO
 
 from redis.exceptions import RedisError
 
+from protocol.exits import EXIT_BACKLOG, EXIT_OK, EXIT_REDIS, EXIT_USAGE
 from protocol.keys import GROUP, Keys, Lane
 from runtime.argtypes import non_negative_float, non_negative_int, positive_float
 from runtime.eviction import is_evicting, read_policy, warning
@@ -59,13 +60,6 @@ from runtime.lag import (
     dead_letters,
 )
 from runtime.settings import connection_flags
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_BACKLOG = 3
-"""``--fail-above N``: some model's backlog (lag + pending over its lanes) is above N."""
-EXIT_REDIS = 4
-"""Redis unreachable or refused a command (the same status as ``inferq dlq``)."""
 
 DEFAULT_SAMPLE_S = 1.0
 

@@ -30,10 +30,6 @@ from loadgen.flags import (
     DEFAULT_MODEL,
     DEFAULT_URL,
     EXAMPLES,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
     METADATA_TIMEOUT_S,
     add_arguments,
 )
@@ -54,6 +50,7 @@ from loadgen.progress import Progress
 from loadgen.recorder import Recorder
 from loadgen.result import LoadResult
 from loadgen.schedule import RateSchedule
+from protocol.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StopSignals
 
 __all__ = ["add_arguments", "add_parser", "main", "run"]
 
@@ -220,25 +217,17 @@ def config_of(args: argparse.Namespace, url: str, ref: ModelRef) -> dict[str, An
     }
 
 
-def _install_sigint(stop: asyncio.Event) -> Callable[[], None]:
-    """First Ctrl-C: stop sending and report; the handler then steps aside, so a second
-    Ctrl-C interrupts at once.  Returns the undo."""
-    loop = asyncio.get_running_loop()
+def _interrupts(stop: asyncio.Event) -> StopSignals:
+    """First Ctrl-C: stop sending and report; a second one interrupts at once."""
 
     def first() -> None:
         stop.set()
         print("\nstopping: finishing requests in flight (Ctrl-C again to abort)", file=sys.stderr)
-        loop.remove_signal_handler(signal.SIGINT)
 
-    try:
-        loop.add_signal_handler(signal.SIGINT, first)
-    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or Windows
-        return lambda: None
+    def second() -> None:
+        raise KeyboardInterrupt
 
-    def undo() -> None:
-        loop.remove_signal_handler(signal.SIGINT)
-
-    return undo
+    return StopSignals(on_stop=first, on_force=second, signals=(signal.SIGINT,))
 
 
 async def run_async(
@@ -271,7 +260,6 @@ async def run_async(
         )
     recorder = Recorder()
     stop = asyncio.Event()
-    undo = _install_sigint(stop)
     show = args.progress if args.progress is not None else sys.stderr.isatty()
     progress = (
         Progress(recorder, sys.stderr, tty=sys.stderr.isatty())
@@ -288,7 +276,7 @@ async def run_async(
         operation=operation,
         transport=transport,
     )
-    try:
+    with _interrupts(stop).installed_on(asyncio.get_running_loop()):
         async with progress:
             if schedule is not None:
                 result = await run_open_loop(
@@ -301,8 +289,6 @@ async def run_async(
                 )
             else:
                 result = await run_closed_loop(options, concurrency, recorder=recorder, stop=stop)
-    finally:
-        undo()
     if args.jobs:
         result.mode = f"jobs/{result.mode}"
         result.extra["jobs"] = job_stats.to_dict()

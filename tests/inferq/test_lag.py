@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 
 from inferq import lag
 from inferq.redisserver import free_port
+from protocol.exits import EXIT_BACKLOG, EXIT_OK, EXIT_REDIS, EXIT_USAGE
 from protocol.keys import GROUP, Keys, Lane
 from runtime.lag import DrainEstimator, LagSource, LaneLag, collect, dead_letters, estimate
 
@@ -255,7 +256,7 @@ def test_json_output_reports_every_lane_and_a_rollup_per_model(r, keys, redis_ur
         cli("--redis", redis_url, "--namespace", keys.namespace, "--json", "--sample-s", "0")
     )
 
-    assert code == lag.EXIT_OK
+    assert code == EXIT_OK
     doc = json.loads(capsys.readouterr().out)
     assert doc["namespace"] == keys.namespace and doc["group"] == GROUP
     normal = next(row for row in doc["lanes"] if row["lane"] == "normal")
@@ -295,7 +296,7 @@ def test_a_two_sample_run_reports_the_drain_rate(r, keys, redis_url, cli, capsys
     code = lag.run(
         cli("--redis", redis_url, "--namespace", keys.namespace, "--json", "--sample-s", "0.05")
     )
-    assert code == lag.EXIT_OK
+    assert code == EXIT_OK
     normal = next(
         row for row in json.loads(capsys.readouterr().out)["lanes"] if row["lane"] == "normal"
     )
@@ -310,10 +311,10 @@ def test_fail_above_exits_3_only_when_a_models_backlog_is_above_n(r, keys, redis
     r.xadd(keys.stream("m", Lane.HIGH), {b"m": b"x"})  # 7 across lanes: lag 5 + pending 2
     base = ("--redis", redis_url, "--namespace", keys.namespace, "--sample-s", "0")
 
-    assert lag.run(cli(*base, "--fail-above", "7")) == lag.EXIT_OK
-    assert lag.run(cli(*base, "--fail-above", "6")) == lag.EXIT_BACKLOG == 3
+    assert lag.run(cli(*base, "--fail-above", "7")) == EXIT_OK
+    assert lag.run(cli(*base, "--fail-above", "6")) == EXIT_BACKLOG == 3
     assert "backlog above 6: m has 7 (lag 5 + pending 2)" in capsys.readouterr().out
-    assert lag.run(cli(*base, "--json", "--fail-above", "6")) == lag.EXIT_BACKLOG
+    assert lag.run(cli(*base, "--json", "--fail-above", "6")) == EXIT_BACKLOG
     assert json.loads(capsys.readouterr().out)["above"] == ["m"]
 
 
@@ -339,7 +340,7 @@ def test_watch_prints_one_json_document_per_refresh(r, keys, redis_url, cli, cap
     queue(r, keys, "m", 2)
     read(r, keys, "m", "w1", 1)
     argv = ("--redis", redis_url, "--namespace", keys.namespace, "--json")
-    assert lag.run(cli(*argv, "--watch", "0.05", "--count", "3")) == lag.EXIT_OK
+    assert lag.run(cli(*argv, "--watch", "0.05", "--count", "3")) == EXIT_OK
     docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(docs) == 3
     assert docs[0]["lanes"][1]["drain_per_s"] is None  # one sample: no rate yet
@@ -347,19 +348,19 @@ def test_watch_prints_one_json_document_per_refresh(r, keys, redis_url, cli, cap
 
 
 def test_fail_above_is_a_one_shot_check(cli, capsys):
-    assert lag.run(cli("--watch", "1", "--fail-above", "0")) == lag.EXIT_USAGE
+    assert lag.run(cli("--watch", "1", "--fail-above", "0")) == EXIT_USAGE
     assert "--fail-above" in capsys.readouterr().err
 
 
 def test_an_unreachable_redis_exits_4_with_the_url_and_no_password(cli, capsys):
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"
-    assert lag.run(cli("--redis", url, "--sample-s", "0")) == lag.EXIT_REDIS == 4
+    assert lag.run(cli("--redis", url, "--sample-s", "0")) == EXIT_REDIS == 4
     err = capsys.readouterr().err
     assert "127.0.0.1" in err and "secret" not in err
 
 
 def test_no_models_is_said_plainly(redis_url, namespace, cli, capsys):
-    assert lag.run(cli("--redis", redis_url, "--namespace", namespace)) == lag.EXIT_OK
+    assert lag.run(cli("--redis", redis_url, "--namespace", namespace)) == EXIT_OK
     captured = capsys.readouterr()
     assert f"no models in namespace '{namespace}'" in captured.out
     assert "no models found" in captured.err

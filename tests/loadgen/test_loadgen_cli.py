@@ -15,9 +15,6 @@ import pytest
 
 from loadgen.cli import (
     DEFAULT_URL,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
     UsageError,
     _mode,
     add_parser,
@@ -27,6 +24,7 @@ from loadgen.cli import (
     run,
 )
 from loadgen.schedule import RateSchedule
+from protocol.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 METADATA = {
     "name": "m",
