@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from inferq import lag
 from inferq.redisserver import free_port
 from protocol.exits import EXIT_BACKLOG, EXIT_OK, EXIT_REDIS, EXIT_USAGE
 from protocol.keys import GROUP, Keys, Lane
-from runtime.lag import DrainEstimator, LagSource, LaneLag, collect, dead_letters, estimate
+from runtime.lag import Backlog, DrainEstimator, LagSource, LaneLag, collect, estimate
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +36,8 @@ def keys(namespace: str) -> Keys:
     return Keys(namespace)
 
 
-def run_collect(redis_url: str, keys: Keys, **options: Any) -> list[LaneLag]:
-    async def go() -> list[LaneLag]:
+def read_backlog(redis_url: str, keys: Keys, **options: Any) -> Backlog:
+    async def go() -> Backlog:
         client = aioredis.Redis.from_url(redis_url)
         try:
             return await collect(client, keys, **options)
@@ -46,7 +47,11 @@ def run_collect(redis_url: str, keys: Keys, **options: Any) -> list[LaneLag]:
     return asyncio.run(go())
 
 
-def lane_of(rows: list[LaneLag], model: str, lane: Lane) -> LaneLag:
+def run_collect(redis_url: str, keys: Keys, **options: Any) -> tuple[LaneLag, ...]:
+    return read_backlog(redis_url, keys, **options).lanes
+
+
+def lane_of(rows: tuple[LaneLag, ...], model: str, lane: Lane) -> LaneLag:
     return next(row for row in rows if row.model == model and row.lane is lane)
 
 
@@ -171,18 +176,27 @@ def test_a_group_that_has_read_everything_has_no_lag_even_after_deletions(r, key
     assert normal.lag_exact
 
 
-def test_dead_letter_streams_are_counted_per_model(r, keys, redis_url):
+def test_dead_letter_streams_are_counted_per_model_in_the_same_reading(r, keys, redis_url):
     for _ in range(3):
         r.xadd(keys.dlq("m"), {b"reason": b"undecodable"})
+    models = {"m": 1, "clean": 1}
+    assert read_backlog(redis_url, keys, models=models).dead_letters == {"clean": 0, "m": 3}
+    assert read_backlog(redis_url, keys, models=models, detail=False).dead_letters == {}
 
-    async def go() -> dict[str, int]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            return await dead_letters(client, keys, ["m", "clean"])
-        finally:
-            await client.aclose()
 
-    assert asyncio.run(go()) == {"clean": 0, "m": 3}
+def test_a_reading_sums_its_lanes_by_model_lane_or_partition() -> None:
+    lanes = (
+        sample(0, read=1, lag=3, pending=1),
+        replace(sample(0, read=1, lag=2), lane=Lane.HIGH),
+        replace(sample(0, read=1, lag=4), partition=1, oldest_pending_ms=250),
+    )
+    backlog = Backlog(lanes, {"m": 2})
+    (m,) = backlog.by_model().values()
+    assert (m.length, m.lag, m.pending, m.backlog, m.oldest_pending_ms) == (3000, 9, 1, 10, 250)
+    assert backlog.by(lambda r: r.partition)[1].backlog == 4
+    assert backlog.by(lambda r: (r.model, r.lane))[("m", Lane.NORMAL)].lag == 7
+    assert backlog.partitions == {"m": 2} and backlog.sampled_ms == 0
+    assert backlog.above(9) == ["m"] and backlog.above(10) == [] and backlog.above(None) == []
 
 
 # -- the drain estimator (pure) ----------------------------------------------------------------
