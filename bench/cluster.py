@@ -39,11 +39,11 @@ from bench.common import (
     stop_processes,
     wait_for_quiet,
 )
-from inferq.localcluster import LocalCluster
 from inferq.redisserver import RedisServer, free_port
 from loadgen.closed import run_closed_loop
 from loadgen.http import run as run_loop
 from loadgen.loop import LoadOptions
+from tests.localcluster import LocalCluster
 from tests.support import sim_body
 
 NAMESPACE = "bench"
