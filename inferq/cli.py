@@ -22,7 +22,7 @@ from inferq.gateways import FleetSettings
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
 from protocol.exits import EXIT_FAILED, EXIT_LOOP_FAILED, EXIT_OK, EXIT_USAGE, StopSignals
-from runtime.options import add_flags, from_args
+from protocol.options import add_flags, from_args
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:

@@ -30,9 +30,9 @@ from inferq.supervisor import (
     supervise,
 )
 from producer.settings import GatewaySettings
+from protocol.argtypes import positive_int
 from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
-from runtime.argtypes import positive_int
-from runtime.options import forward_argv, option
+from protocol.options import forward_argv, option
 
 STOP_TIMEOUT_S = 15.0
 """How long a gateway may take to finish the requests it holds (uvicorn's graceful shutdown is

@@ -36,9 +36,9 @@ from typing import Any, TextIO
 
 from redis.exceptions import RedisError
 
+from protocol.argtypes import non_negative_float, non_negative_int, positive_float
 from protocol.exits import EXIT_BACKLOG, EXIT_OK, EXIT_REDIS, EXIT_USAGE
 from protocol.keys import GROUP, Keys, Lane
-from runtime.argtypes import non_negative_float, non_negative_int, positive_float
 from runtime.eviction import is_evicting, read_policy, warning
 from runtime.lag import Backlog, Drain, DrainEstimator, LagError, LaneLag, collect
 from runtime.settings import connection_flags

@@ -19,7 +19,7 @@ from typing import Any
 
 from consumer.settings import WorkerSettings
 from protocol.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from runtime.options import add_flags
+from protocol.options import add_flags
 
 
 def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:

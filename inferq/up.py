@@ -34,11 +34,11 @@ from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
 from inferq.gateways import ListenError, bind_listeners, gateway_specs
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
 from inferq.supervisor import ChildSpec, EventLog, Supervisor, spawn_inferq, supervise
+from protocol.argtypes import positive_int
 from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
-from runtime.argtypes import positive_int
+from protocol.options import forward_argv, option
 from runtime.connections import redact
 from runtime.logging import configure
-from runtime.options import forward_argv, option
 
 READY_TIMEOUT_S = 60.0
 
