@@ -129,7 +129,6 @@ class LoadgenSettings:
     input_file: Path | None = option(
         None,
         flag="--input-file",
-        env="",
         parse=Path,
         group="workload",
         help="JSON V2 inference request (or a list of them, cycled) to send instead of "
@@ -138,7 +137,6 @@ class LoadgenSettings:
     binary: bool = option(
         False,
         flag="--binary",
-        env="",
         kind="switch",
         group="workload",
         help="send tensors with the binary tensor extension",
@@ -154,7 +152,6 @@ class LoadgenSettings:
     shape: tuple[tuple[str, tuple[int, ...]], ...] = option(
         (),
         flag="--shape",
-        env="",
         parse=parse_shape,
         kind="repeat",
         metavar="INPUT=D1,D2",
@@ -180,7 +177,6 @@ class LoadgenSettings:
     param: tuple[tuple[str, Any], ...] = option(
         (),
         flag="--param",
-        env="",
         parse=parse_param,
         kind="repeat",
         metavar="KEY=VALUE",
@@ -192,7 +188,6 @@ class LoadgenSettings:
         (),
         flag="--header",
         aliases=("-H",),
-        env="",
         parse=parse_header,
         kind="repeat",
         metavar="NAME:VALUE",
@@ -202,7 +197,6 @@ class LoadgenSettings:
     cache: bool = option(
         False,
         flag="--cache",
-        env="",
         kind="switch",
         group="workload",
         help="allow answers from a result cache (default: send Cache-Control: no-cache, so "
@@ -233,7 +227,6 @@ class LoadgenSettings:
     jobs: bool = option(
         False,
         flag="--jobs",
-        env="",
         kind="switch",
         group="load",
         help="async jobs: POST .../jobs, then poll GET /v2/jobs/{id}?wait=S until a final "
@@ -301,7 +294,6 @@ class LoadgenSettings:
     progress: bool | None = option(
         None,
         flag="--progress",
-        env="",
         kind="toggle",
         group="output",
         help="live progress line on stderr (default: only when stderr is a terminal)",
@@ -309,7 +301,6 @@ class LoadgenSettings:
     json_path: str | None = option(
         None,
         flag="--json",
-        env="",
         metavar="PATH",
         group="output",
         help="write the result as JSON ('-': stdout)",
@@ -317,7 +308,6 @@ class LoadgenSettings:
     report: str | None = option(
         None,
         flag="--report",
-        env="",
         metavar="PATH.html",
         group="output",
         help="write a self-contained HTML report",
@@ -325,7 +315,6 @@ class LoadgenSettings:
     png: str | None = option(
         None,
         flag="--png",
-        env="",
         metavar="PATH.png",
         group="output",
         help="write the charts as a PNG (needs matplotlib: pip install 'inferq[charts]')",
@@ -333,7 +322,6 @@ class LoadgenSettings:
     no_uvloop: bool = option(
         False,
         flag="--no-uvloop",
-        env="",
         kind="switch",
         group="output",
         help="use the default asyncio loop",

@@ -45,9 +45,9 @@ class Option:
     """How a user sets one settings field."""
 
     flag: str
-    env: str
-    """The variable; "" for a flag that has none."""
     help: str
+    env: str = ""
+    """The variable; "" for a flag that has none."""
     parse: Callable[[str], Any] = str
     """Text (a flag's value or the variable's) to the field's value; raises ValueError."""
     render: Callable[[Any], str] = str

@@ -120,15 +120,15 @@ class Tool:
     target: str | None = option(
         None, flag="--target", env="T_TARGET", env_check=lambda v: _local(v), help="where"
     )
-    fast: bool = option(False, flag="--fast", env="", kind="switch", group="mode", help="go")
-    tag: tuple[str, ...] = option((), flag="--tag", aliases=("-t",), env="", kind="repeat", help="")
+    fast: bool = option(False, flag="--fast", kind="switch", group="mode", help="go")
+    tag: tuple[str, ...] = option((), flag="--tag", aliases=("-t",), kind="repeat", help="")
     count: int | None = option(
         None, flag="--count", env="T_COUNT", parse=int, exclusive="loop", help=""
     )
     rate: float | None = option(
         None, flag="--rate", env="T_RATE", parse=float, exclusive="loop", help=""
     )
-    show: bool | None = option(None, flag="--show", env="", kind="toggle", help="")
+    show: bool | None = option(None, flag="--show", kind="toggle", help="")
 
 
 def _local(value: str) -> None:
