@@ -121,9 +121,7 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     models = [m for m in args.models.split(",") if m]
     rows: list[dict[str, Any]] = []
-    with model_repository(digits="digits" in models, gpu=GPU) as repo:
-        if "medium" in models:
-            medium_model.write(repo)
+    with model_repository(digits="digits" in models, medium="medium" in models, gpu=GPU) as repo:
         for model in models:
             for b in batches:
                 if model == "medium" and b > medium_model.MAX_BATCH:

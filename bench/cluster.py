@@ -20,16 +20,16 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
-
-import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
+    answers,
     calls_between,
+    closed_loop,
+    command_calls,
     cpu_seconds,
     infer_request,
     markdown_table,
@@ -38,43 +38,20 @@ from bench.common import (
     spawn_inferq,
     stop_processes,
     wait_for_quiet,
+    wait_until,
 )
-from inferq.localcluster import LocalCluster
 from inferq.redisserver import RedisServer, free_port
-from loadgen.closed import run_closed_loop
-from loadgen.http import run as run_loop
-from loadgen.loop import LoadOptions
+from tests.localcluster import LocalCluster
 from tests.support import sim_body
 
 NAMESPACE = "bench"
 SIM = {"base_ms": 1.0, "per_row_ms": 0.02, "max_batch": 32}
 
 
-def _calls(port: int) -> int:
-    with redis.Redis(port=port) as r:
-        stats = r.info("commandstats")
-    return sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_info")
-
-
 def _by_command(port: int) -> dict[str, int]:
-    with redis.Redis(port=port) as r:
-        stats = r.info("commandstats")
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-
-
-def _ready(url: str, models: list[str], timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if all(
-                urllib.request.urlopen(f"{url}/v2/models/{m}/ready", timeout=2).status == 200
-                for m in models
-            ):
-                return
-        except OSError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError("the models did not become ready")
+    calls = command_calls(f"redis://127.0.0.1:{port}")
+    calls.pop("info", None)  # the benchmark's own
+    return calls
 
 
 def run(setup: str, nodes: list[tuple[int, int]], redis_url: str, args: Any) -> dict[str, Any]:
@@ -90,27 +67,20 @@ def run(setup: str, nodes: list[tuple[int, int]], redis_url: str, args: Any) -> 
         procs.append(spawn_inferq("gateway", *common, "--port", str(port), "--grpc-port", "0"))
         url = f"http://127.0.0.1:{port}"
         try:
-            _ready(url, models)
+            wait_until(
+                lambda: all(answers(f"{url}/v2/models/{m}/ready") for m in models),
+                "the models ready",
+                timeout_s=120,
+            )
             requests = [infer_request(m, sim_body(float(i))) for i, m in enumerate(models)]
-            before = {p: _calls(p) for p, _ in nodes}
             commands_before = {p: _by_command(p) for p, _ in nodes}
             cpu_before = {p: cpu_seconds(pid) for p, pid in nodes}
             inferq_before = {p.pid: cpu_seconds(p.pid) for p in procs}
             t0 = time.monotonic()
-            result = run_loop(
-                run_closed_loop(
-                    LoadOptions(
-                        url + requests[0].path,
-                        duration_s=args.duration,
-                        requests=requests,
-                        warmup_s=1.0,
-                        timeout_s=30.0,
-                    ),
-                    args.concurrency,
-                )
+            result = closed_loop(
+                url, requests, concurrency=args.concurrency, duration_s=args.duration, timeout_s=30
             )
             elapsed = time.monotonic() - t0
-            after = {p: _calls(p) for p, _ in nodes}
             commands_after = {p: _by_command(p) for p, _ in nodes}
             cpu_after = {p: cpu_seconds(pid) for p, pid in nodes}
             inferq_cores = {
@@ -118,14 +88,14 @@ def run(setup: str, nodes: list[tuple[int, int]], redis_url: str, args: Any) -> 
             }
         finally:
             stop_processes(procs)
-    ops = {p: (after[p] - before[p]) / elapsed for p, _ in nodes}
+    per_node = {p: calls_between(commands_before[p], commands_after[p]) for p, _ in nodes}
+    ops = {p: sum(calls.values()) / elapsed for p, calls in per_node.items()}
     cpu = {p: (cpu_after[p] - cpu_before[p]) / elapsed for p, _ in nodes}
     total_ops = sum(ops.values())
     commands: dict[str, int] = {}
-    for p, _ in nodes:
-        for name, n in calls_between(commands_before[p], commands_after[p]).items():
+    for calls in per_node.values():
+        for name, n in calls.items():
             commands[name] = commands.get(name, 0) + n
-    commands.pop("info", None)
     served = result.ok_rps * elapsed  # the loop's own window is shorter: per second is what counts
     return {
         "setup": setup,

@@ -1,5 +1,11 @@
-"""Shared pieces of the benchmark scripts: a private Redis, `inferq up`, command counting,
-simulated model repositories, load runs and the tables they print."""
+"""The one harness of the benchmark scripts: what each of them would otherwise write again.
+
+A private Redis and `inferq up` (``Service``, also another checkout's for an A/B run), waiting
+for readiness (``wait_until``, ``wait_ready``), temporary model repositories (digits, the medium
+network, simulated models), closed and open loops through loadgen in this process, in-process
+call rates, CPU meters from /proc, Redis command counts, tables, and ``save()``, which stamps
+every result with the revision, the command and the machine.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -62,16 +68,56 @@ def machine() -> dict[str, Any]:
     }
 
 
+_STATS: dict[str, redis.Redis] = {}
+
+
 def command_calls(url: str) -> dict[str, int]:
-    """Calls per command from INFO commandstats (cumulative since the server started)."""
-    with redis.Redis.from_url(url) as r:
-        stats = r.info("commandstats")
+    """Calls per command from INFO commandstats (cumulative since the server started), over
+    one connection per URL kept for the run: a new one would add its own HELLO to the count."""
+    client = _STATS.get(url)
+    if client is None:
+        client = _STATS[url] = redis.Redis.from_url(url)
+    stats = client.info("commandstats")
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
 def calls_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
     diff = {k: after.get(k, 0) - before.get(k, 0) for k in after}
     return {k: v for k, v in sorted(diff.items(), key=lambda kv: -kv[1]) if v}
+
+
+def wait_until(
+    check: Callable[[], bool],
+    what: str,
+    *,
+    timeout_s: float = 60.0,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
+    """Poll ``check`` (OSError counts as not yet) until it holds; fail if ``proc`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: the process exited with {proc.returncode}")
+        with contextlib.suppress(OSError):
+            if check():
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{what}: not after {timeout_s:.0f} s")
+
+
+def answers(url: str) -> bool:
+    """Whether ``url`` answers a GET with 200."""
+    with urllib.request.urlopen(url, timeout=2) as r:
+        return bool(r.status == 200)
+
+
+def wait_ready(
+    url: str, *, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 60.0
+) -> None:
+    """Until a V2 server at ``url`` reports ready."""
+    wait_until(
+        lambda: answers(f"{url}/v2/health/ready"), f"{url} ready", timeout_s=timeout_s, proc=proc
+    )
 
 
 def _declares(root: Path, flag: str) -> bool:
@@ -131,16 +177,12 @@ class Service:
             cwd=self.root,
             env={**os.environ, "PYTHONPATH": str(self.root)},
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return self
-            except OSError:
-                time.sleep(0.2)
-        self.__exit__()
-        raise RuntimeError("inferq up did not become ready")
+        try:
+            wait_ready(self.url, proc=self.proc)
+        except RuntimeError:
+            self.__exit__()
+            raise
+        return self
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
@@ -175,15 +217,22 @@ class Service:
 
     def wait_for_workers(self, model: str, n: int, timeout_s: float = 120.0) -> None:
         """Until ``n`` live workers serve ``model`` (`inferq up` is ready with the first)."""
-        deadline = time.monotonic() + timeout_s
-        seen = 0
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError, KeyError):
-                seen = int(self.model_metadata(model)["parameters"]["workers"])
-                if seen >= n:
-                    return
-            time.sleep(0.2)
-        raise RuntimeError(f"only {seen} of {n} workers serve {model} after {timeout_s:.0f} s")
+
+        def served() -> bool:
+            with contextlib.suppress(ValueError, KeyError):
+                return int(self.model_metadata(model)["parameters"]["workers"]) >= n
+            return False
+
+        wait_until(served, f"{n} workers serving {model}", timeout_s=timeout_s)
+
+    def role_pids(self) -> dict[str, list[int]]:
+        """The processes by role: ``gateway`` and ``worker`` (`inferq up`'s), and ``redis``."""
+        roles: dict[str, list[int]] = {}
+        for pid, role in self.processes().items():
+            roles.setdefault(role, []).append(pid)
+        with redis.Redis.from_url(self.redis.url) as r:
+            roles["redis"] = [int(r.info("server")["process_id"])]
+        return roles
 
 
 SUMMARIES = ROOT / "bench" / "summaries"
@@ -191,8 +240,11 @@ SUMMARIES = ROOT / "bench" / "summaries"
 (``bench/results/`` holds the same and more, and is not committed)."""
 
 
-def save(name: str, data: dict[str, Any]) -> Path:
-    """Write a run's results to ``bench/results/NAME.json`` and ``bench/summaries/NAME.json``,
+def save(
+    name: str, data: dict[str, Any], *, commit: bool = True, omit: Collection[str] = ()
+) -> Path:
+    """Write a run's results to ``bench/results/NAME.json`` and (``commit``) the committed
+    ``bench/summaries/NAME.json`` without the ``omit`` keys (raw rounds, profiles), both
     stamped with the git revision, the command and the machine unless they say already."""
     stamped = {
         "revision": git_revision(),
@@ -200,10 +252,12 @@ def save(name: str, data: dict[str, Any]) -> Path:
         "machine": machine(),
         **data,
     }
-    text = json.dumps(stamped, indent=2, default=str)
-    for folder in (RESULTS, SUMMARIES):
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{name}.json").write_text(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(stamped, indent=2, default=str))
+    if commit:
+        SUMMARIES.mkdir(parents=True, exist_ok=True)
+        summary = {k: v for k, v in stamped.items() if k not in omit}
+        (SUMMARIES / f"{name}.json").write_text(json.dumps(summary, indent=2, default=str))
     return RESULTS / f"{name}.json"
 
 
@@ -225,10 +279,14 @@ def git_revision(root: Path = ROOT) -> str:
 
 
 @contextlib.contextmanager
-def model_repository(*, digits: bool = False, **simulated: dict[str, Any]) -> Iterator[Path]:
+def model_repository(
+    *, digits: bool = False, medium: bool = False, **simulated: dict[str, Any]
+) -> Iterator[Path]:
     """A temporary model repository: ``name={"base_ms": ..., "per_row_ms": ..., "max_batch":
     ...}`` per simulated model (``tests.support.write_simulated_model`` arguments), plus a copy
-    of the real digits model when ``digits``. Removed on exit."""
+    of the real digits model when ``digits`` and the medium network (``bench/medium_model.py``,
+    random weights) when ``medium``. Removed on exit."""
+    from bench import medium_model
     from tests.support import write_simulated_model
 
     repo = Path(tempfile.mkdtemp(prefix="inferq-bench-"))
@@ -239,6 +297,8 @@ def model_repository(*, digits: bool = False, **simulated: dict[str, Any]) -> It
                 repo / "digits",
                 ignore=shutil.ignore_patterns("train.py", "__pycache__"),
             )
+        if medium:
+            medium_model.write(repo)
         for name, options in simulated.items():
             write_simulated_model(repo, name, **options)
         yield repo
@@ -277,21 +337,24 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> 
 
 
 def closed_loop(
-    service: Service,
-    request: PreparedRequest,
+    target: Service | str,
+    requests: PreparedRequest | Sequence[PreparedRequest],
     *,
     concurrency: int,
     duration_s: float,
     warmup_s: float = 1.0,
     timeout_s: float = 60.0,
 ) -> LoadResult:
-    """A closed-loop run against ``service`` (on uvloop, in this process)."""
+    """A closed-loop run against ``target`` (a service or its base URL; on uvloop, in this
+    process); several ``requests`` are cycled through."""
+    first = requests if isinstance(requests, PreparedRequest) else requests[0]
+    url = (target.url if isinstance(target, Service) else target) + first.path
     return run_loop(
         run_closed_loop(
             LoadOptions(
-                service.url + request.path,
+                url,
                 duration_s=duration_s,
-                requests=request,
+                requests=requests,
                 warmup_s=warmup_s,
                 timeout_s=timeout_s,
             ),
@@ -326,6 +389,29 @@ def open_loop(
             seed=seed,
         )
     )
+
+
+def rows_per_s(call: Callable[[int], object], rows: int, seconds: float) -> float:
+    """Rows/s of ``call(done)`` (each call handles ``rows`` rows; ``done``: rows so far),
+    repeated for ``seconds`` after one untimed call, at most 100,000 calls."""
+    call(0)
+    done, calls, t0 = 0, 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds and calls < 100_000:
+        call(done)
+        done += rows
+        calls += 1
+    return done / (time.perf_counter() - t0)
+
+
+def call_latencies(call: Callable[[], object], seconds: float) -> list[float]:
+    """Seconds each ``call()`` took, repeated for ``seconds`` (at most a million calls)."""
+    latencies: list[float] = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end and len(latencies) < 1_000_000:
+        t = time.perf_counter()
+        call()
+        latencies.append(time.perf_counter() - t)
+    return latencies
 
 
 def cpu_idle_share(interval_s: float = 1.0) -> float:

@@ -21,17 +21,24 @@ import asyncio
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import DIGITS_SAMPLES, ROOT, Service, calls_between, command_calls, save
-from loadgen.closed import run_closed_loop
+from bench.common import (
+    DIGITS_SAMPLES,
+    ROOT,
+    Service,
+    call_latencies,
+    calls_between,
+    closed_loop,
+    command_calls,
+    rows_per_s,
+    save,
+)
 from loadgen.http import HTTPConnection, PreparedRequest
-from loadgen.loop import LoadOptions
 
 SAMPLES = DIGITS_SAMPLES
 HEADERS = {"content-type": "application/json"}
@@ -70,18 +77,8 @@ def in_process(seconds: float) -> dict[str, float]:
     backend.load()
     one = np.array([SAMPLES["inputs"][0]], dtype=np.float32)
     many = np.array(SAMPLES["inputs"] * 7, dtype=np.float32)[:64]
-    latencies = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end and len(latencies) < 5_000_000:
-        t = time.perf_counter()
-        backend.predict({"input": one})
-        latencies.append(time.perf_counter() - t)
-    rows = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        backend.predict({"input": many})
-        rows += 64
-    batch_rps = rows / (time.perf_counter() - t0)
+    latencies = call_latencies(lambda: backend.predict({"input": one}), seconds)
+    batch_rps = rows_per_s(lambda _: backend.predict({"input": many}), 64, seconds)
     return {
         "batch1_calls_per_s": len(latencies) / sum(latencies),
         "batch1_p50_ms": statistics.median(latencies) * 1000,
@@ -99,17 +96,12 @@ def main() -> None:
 
     results: dict[str, object] = {"levels": []}
     with Service() as svc:
-        url = f"{svc.url}/v2/models/digits/infer"
         request = PreparedRequest(
             "POST", "/v2/models/digits/infer", body(SAMPLES["inputs"][0], False), HEADERS
         )
         for c in levels:
             before = command_calls(svc.redis.url)
-            r = asyncio.run(
-                run_closed_loop(
-                    LoadOptions(url, duration_s=args.duration, requests=request, warmup_s=1.0), c
-                )
-            )
+            r = closed_loop(svc, request, concurrency=c, duration_s=args.duration)
             calls = calls_between(before, command_calls(svc.redis.url))
             sent = r.requests + r.warmup_requests
             level = {

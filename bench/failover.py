@@ -32,8 +32,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import markdown_table, save
-from inferq.localcluster import LocalCluster
 from tests.cluster.load import failover_run
+from tests.localcluster import LocalCluster
 from tests.support import GatewayThread, Stack, WorkerThread, sim_body, write_simulated_model
 
 

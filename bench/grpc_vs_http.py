@@ -10,12 +10,11 @@ request counter, both read before and after the cell (warm-up included in both);
 CPU its background loops burn at idle (measured first, 3 s) subtracted. The 1-minute load
 average is recorded per cell: on a shared machine it says how much to trust the cell.
 
-Models: ``digits`` (the example, 64 -> 10) and ``medium``, an MLP of 1024 -> 2048 -> 2048 ->
-2048 -> 1000 (12.5 M parameters, the size issue 14 measures) with RANDOM weights written here
-with onnx.helper: its figures are about moving 4 KB in and 4 KB out per row, not about any
-trained model. Every cell runs ``--rounds`` times (the protocols take turns going first); the
-table shows the medians and each round's req/s. Writes bench/results/grpc_vs_http.json with the
-git revision and the command.
+Models: ``digits`` (the example, 64 -> 10) and ``medium`` (``bench/medium_model.py``: 12.5 M
+parameters, RANDOM weights): its figures are about moving 4 KB in and 4 KB out per row, not
+about any trained model. Every cell runs ``--rounds`` times (the protocols take turns going
+first); the table shows the medians and each round's req/s. Writes
+bench/results/grpc_vs_http.json with the git revision and the command.
 Last, the transports alone (``--transport-seconds``, default 4 s a cell, c=16): a trivial
 ModelInfer handler on grpc.aio (uvloop) and a trivial POST route on uvicorn + Starlette, each in
 a process of its own with nothing behind it, for the CPU each protocol's server side costs per
@@ -27,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import itertools
 import json
 import os
 import shutil
@@ -38,95 +36,24 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Service, git_revision, markdown_table, save
+from bench.common import (
+    ROOT,
+    Service,
+    cpu_seconds,
+    markdown_table,
+    model_repository,
+    save,
+    wait_until,
+)
 from inferq.redisserver import free_port
 from loadgen.cli import main as loadgen
 
 PROTOCOLS = ("grpc", "http-json", "http-binary")
-MEDIUM_LAYERS = (1024, 2048, 2048, 2048, 1000)
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
-
-
-def write_medium(folder: Path) -> None:
-    """The medium MLP (random weights, fixed seed) as an ONNX graph and its config."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    nodes, weights = [], []
-    x = "input"
-    last = len(MEDIUM_LAYERS) - 2
-    for i, (n_in, n_out) in enumerate(itertools.pairwise(MEDIUM_LAYERS)):
-        w = (rng.standard_normal((n_in, n_out)) / np.sqrt(n_in)).astype(np.float32)
-        weights.append(numpy_helper.from_array(w, f"w{i}"))
-        weights.append(numpy_helper.from_array(np.zeros(n_out, np.float32), f"b{i}"))
-        dense = "logits" if i == last else f"dense{i}"
-        nodes.append(helper.make_node("Gemm", [x, f"w{i}", f"b{i}"], [dense]))
-        if i != last:
-            nodes.append(helper.make_node("Relu", [dense], [f"relu{i}"]))
-            x = f"relu{i}"
-    graph = helper.make_graph(
-        nodes,
-        "medium",
-        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", MEDIUM_LAYERS[0]])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", MEDIUM_LAYERS[-1]])],
-        weights,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    (folder / "1").mkdir(parents=True)
-    onnx.save(model, str(folder / "1" / "model.onnx"))
-    (folder / "config.toml").write_text(
-        f"""backend = "onnx"
-platform = "onnxruntime_onnx"
-max_batch = 32
-flush_ms = 2.0
-default_timeout_ms = 30000
-
-[cache]
-enabled = false
-
-[[inputs]]
-name = "input"
-datatype = "FP32"
-shape = [-1, {MEDIUM_LAYERS[0]}]
-
-[[outputs]]
-name = "logits"
-datatype = "FP32"
-shape = [-1, {MEDIUM_LAYERS[-1]}]
-"""
-    )
-
-
-@contextlib.contextmanager
-def repository(models: list[str]) -> Iterator[Path]:
-    repo = Path(tempfile.mkdtemp(prefix="inferq-bench-grpc-"))
-    try:
-        if "digits" in models:
-            shutil.copytree(
-                ROOT / "models" / "digits",
-                repo / "digits",
-                ignore=shutil.ignore_patterns("train.py", "__pycache__"),
-            )
-        if "medium" in models:
-            write_medium(repo / "medium")
-        yield repo
-    finally:
-        shutil.rmtree(repo, ignore_errors=True)
-
-
-def cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime, stime
 
 
 def answered(url: str) -> float:
@@ -143,9 +70,9 @@ def answered(url: str) -> float:
 def idle_cpu_rate(service: Service, seconds: float = 3.0) -> float:
     """The gateway's CPU seconds per second with no traffic (its background loops)."""
     gateway = next(pid for pid, role in service.processes().items() if role == "gateway")
-    before = cpu_s(gateway)
+    before = cpu_seconds(gateway)
     time.sleep(seconds)
-    return (cpu_s(gateway) - before) / seconds
+    return (cpu_seconds(gateway) - before) / seconds
 
 
 def cell(
@@ -180,10 +107,10 @@ def cell(
         str(out),
         "--no-progress",
     ]
-    before = (cpu_s(gateway), sum(cpu_s(p) for p in workers), answered(service.url))
+    before = (cpu_seconds(gateway), sum(cpu_seconds(p) for p in workers), answered(service.url))
     with contextlib.redirect_stdout(io.StringIO()):
         code = loadgen(argv, environ={})
-    after = (cpu_s(gateway), sum(cpu_s(p) for p in workers), answered(service.url))
+    after = (cpu_seconds(gateway), sum(cpu_seconds(p) for p in workers), answered(service.url))
     elapsed = time.monotonic() - started
     result = json.loads(out.read_text())
     out.unlink()
@@ -246,6 +173,11 @@ def serve_transport(kind: str, port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def _listening(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), 1):
+        return True
+
+
 def transport_cell(kind: str, concurrency: int, duration_s: float) -> dict[str, Any]:
     """Load a trivial handler of one transport (a subprocess); its CPU per request."""
     port = free_port()
@@ -254,13 +186,7 @@ def transport_cell(kind: str, concurrency: int, duration_s: float) -> dict[str, 
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-                break
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise RuntimeError(f"the {kind} transport server did not start")
-            time.sleep(0.1)
+        wait_until(lambda: _listening(port), f"the {kind} server", timeout_s=30, proc=server)
         folder = Path(tempfile.mkdtemp())
         digit = {"name": "input", "datatype": "FP32", "shape": [1, 64], "data": [0.0] * 64}
         (folder / "in.json").write_text(json.dumps({"inputs": [digit]}))
@@ -283,10 +209,10 @@ def transport_cell(kind: str, concurrency: int, duration_s: float) -> dict[str, 
             str(folder / "out.json"),
             "--no-progress",
         ]
-        before = cpu_s(server.pid)
+        before = cpu_seconds(server.pid)
         with contextlib.redirect_stdout(io.StringIO()):
             loadgen(argv, environ={})
-        used = cpu_s(server.pid) - before
+        used = cpu_seconds(server.pid) - before
         result = json.loads((folder / "out.json").read_text())
         shutil.rmtree(folder, ignore_errors=True)
     finally:
@@ -328,7 +254,10 @@ def main() -> None:
     models = [m for m in args.models.split(",") if m]
     started = time.time()
     cells = []
-    with repository(models) as repo, Service("--model-repository", str(repo)) as service:
+    with (
+        model_repository(digits="digits" in models, medium="medium" in models) as repo,
+        Service("--model-repository", str(repo)) as service,
+    ):
         for model in models:
             service.wait_for_workers(model, 1)
         idle = idle_cpu_rate(service)
@@ -409,12 +338,10 @@ def main() -> None:
     path = save(
         "grpc_vs_http",
         {
-            "command": "python " + " ".join(sys.argv),
-            "git_revision": git_revision(),
             "started": started,
             "duration_s": args.duration,
             "rounds": args.rounds,
-            "medium_model": "MLP 1024-2048-2048-2048-1000, random weights (speed only)",
+            "medium_model": "bench/medium_model.py: 1024-2048-2048-2048-1000, random weights",
             "gateway_idle_cpu_s_per_s": idle,
             "cells": cells,
             "table": table,

@@ -29,11 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Service, save, wait_for_quiet
+from bench.common import Service, closed_loop, save, wait_for_quiet
 from bench.minilm import build, requests
-from loadgen.closed import run_closed_loop
-from loadgen.http import run as run_loop
-from loadgen.loop import LoadOptions
 
 TOKEN = "bench-hotswap-token"
 
@@ -112,20 +109,15 @@ def main() -> None:
             thread = threading.Thread(target=swapper)
             thread.start()
 
-            async def load() -> Any:
-                window_start.set()
-                started = time.monotonic()
-                options = LoadOptions(
-                    svc.url,
-                    requests=requests(),
-                    duration_s=args.duration,
-                    warmup_s=warmup_s,
-                    timeout_s=60.0,
-                )
-                result = await run_closed_loop(options, args.concurrency)
-                return result, started
-
-            result, loop_started = run_loop(load())
+            window_start.set()
+            loop_started = time.monotonic()
+            result = closed_loop(
+                svc,
+                requests(),
+                concurrency=args.concurrency,
+                duration_s=args.duration,
+                warmup_s=warmup_s,
+            )
             thread.join(300)
             after_versions = versions_seen(svc.url, 4)
     finally:

@@ -33,14 +33,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import ROOT, Service, save, wait_for_quiet
-from loadgen.closed import run_closed_loop
+from bench.common import ROOT, Service, closed_loop, rows_per_s, save, wait_for_quiet
 from loadgen.http import PreparedRequest
-from loadgen.http import run as run_loop
-from loadgen.loop import LoadOptions
 
 SENTENCES = (ROOT / "bench" / "data" / "sentences.txt").read_text().splitlines()
-MAX_CALLS = 100_000
 
 
 def build(repo: Path) -> None:
@@ -72,17 +68,6 @@ def column(start: int, rows: int) -> np.ndarray:
     return out
 
 
-def rate(call: Any, rows: int, seconds: float) -> float:
-    """Sentences/s of ``call(start, rows)`` repeated for ``seconds`` (after one untimed call)."""
-    call(0, rows)
-    done, calls, t0 = 0, 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds and calls < MAX_CALLS:
-        call(done, rows)
-        done += rows
-        calls += 1
-    return done / (time.perf_counter() - t0)
-
-
 def in_process(repo: Path, batches: list[int], seconds: float) -> dict[str, dict[int, float]]:
     """The ONNX session alone (pre-tokenised, padded to each batch's longest), and the
     worker's path (tokenising and length-sorted groups included), at each batch size."""
@@ -102,17 +87,20 @@ def in_process(repo: Path, batches: list[int], seconds: float) -> dict[str, dict
         for n in batches
     }
 
-    def plain(start: int, rows: int) -> None:
-        session.predict(tokenised[rows][(start // rows) % len(tokenised[rows])])
-
     worker = create_backend(config, "1")
     worker.load()
     out: dict[str, dict[int, float]] = {"session": {}, "worker_path": {}}
     for n in batches:
-        out["session"][n] = rate(plain, n, seconds)
-        out["worker_path"][n] = rate(
-            lambda start, rows: worker.predict({"text": column(start, rows)}), n, seconds
-        )
+        batch = tokenised[n]
+
+        def plain(done: int, n: int = n, batch: list[Any] = batch) -> object:
+            return session.predict(batch[(done // n) % len(batch)])
+
+        def worker_path(done: int, n: int = n) -> object:
+            return worker.predict({"text": column(done, n)})
+
+        out["session"][n] = rows_per_s(plain, n, seconds)
+        out["worker_path"][n] = rows_per_s(worker_path, n, seconds)
         print(
             f"in-process batch {n:>3}: session {out['session'][n]:6.1f} sentences/s, "
             f"worker path {out['worker_path'][n]:6.1f}",
@@ -140,17 +128,8 @@ def main() -> None:
         results: dict[str, Any] = {"sentences": len(SENTENCES)}
         wait_for_quiet()
         with Service("--model-repository", str(repo), "--models", "minilm") as svc:
-            r = run_loop(
-                run_closed_loop(
-                    LoadOptions(
-                        svc.url,
-                        requests=requests(),
-                        duration_s=args.duration,
-                        warmup_s=3.0,
-                        timeout_s=60.0,
-                    ),
-                    args.concurrency,
-                )
+            r = closed_loop(
+                svc, requests(), concurrency=args.concurrency, duration_s=args.duration, warmup_s=3
             )
         results["system"] = {
             "concurrency": args.concurrency,

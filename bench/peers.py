@@ -41,7 +41,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -50,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -60,15 +58,20 @@ from bench.common import (
     RESULTS,
     ROOT,
     Service,
+    call_latencies,
     calls_between,
+    command_calls,
     cpu_seconds,
     git_revision,
     machine,
+    model_repository,
+    rows_per_s,
+    save,
     wait_for_quiet,
+    wait_ready,
 )
 from inferq.redisserver import free_port
 
-SUMMARIES = ROOT / "bench" / "summaries"
 DIGITS_LEVELS = (1, 16, 64, 128)
 MEDIUM_LEVELS = (16, 64, 128)
 PEER_MAX_BATCH = 32
@@ -158,18 +161,8 @@ def in_process(path: Path, model: str, seconds: float) -> dict[str, float]:
     outputs = [o.name for o in sess.get_outputs()]
     one = sample(model)
     many = np.repeat(one, 32, axis=0)
-    sess.run(outputs, {name: many})
-    rows, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        sess.run(outputs, {name: many})
-        rows += 32
-    batch32 = rows / (time.perf_counter() - t0)
-    latencies = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end and len(latencies) < 1_000_000:
-        t = time.perf_counter()
-        sess.run(outputs, {name: one})
-        latencies.append(time.perf_counter() - t)
+    batch32 = rows_per_s(lambda _: sess.run(outputs, {name: many}), 32, seconds)
+    latencies = call_latencies(lambda: sess.run(outputs, {name: one}), seconds)
     return {
         "batch32_rows_per_s": batch32,
         "batch1_calls_per_s": len(latencies) / sum(latencies),
@@ -196,21 +189,6 @@ def reference(path: Path, model: str) -> dict[str, np.ndarray]:
     )
 
 
-def wait_ready(
-    url: str, proc: subprocess.Popen[bytes] | None = None, timeout_s: float = 60
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {proc.returncode}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not become ready")
-
-
 @contextlib.contextmanager
 def peer(kind: str, models: dict[str, Path]) -> Iterator[tuple[str, int]]:
     """A FastAPI peer on a free port: (url, pid)."""
@@ -227,7 +205,7 @@ def peer(kind: str, models: dict[str, Path]) -> Iterator[tuple[str, int]]:
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(url, proc)
+        wait_ready(url, proc=proc)
         yield url, proc.pid
     finally:
         proc.terminate()
@@ -260,19 +238,6 @@ class Endpoint:
     redis_url: str | None = None
 
 
-_STATS: dict[str, redis.Redis] = {}
-
-
-def commands_so_far(url: str) -> dict[str, int]:
-    """Calls per command from INFO commandstats, over one connection kept for the whole run
-    (a new one would add its own HELLO to the count)."""
-    client = _STATS.get(url)
-    if client is None:
-        client = _STATS[url] = redis.Redis.from_url(url)
-    stats = client.info("commandstats")
-    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
-
-
 def measure(
     endpoint: Endpoint,
     model: str,
@@ -284,7 +249,7 @@ def measure(
     url = f"{endpoint.url}/v2/models/{model}/infer"
     if args.warmup > 0:
         loadtool.run(url, body, headers, concurrency=concurrency, duration_s=args.warmup)
-    before_cmds = commands_so_far(endpoint.redis_url) if endpoint.redis_url else {}
+    before_cmds = command_calls(endpoint.redis_url) if endpoint.redis_url else {}
     before_cpu = {role: sum(map(cpu_seconds, pids)) for role, pids in endpoint.pids.items()}
     load = loadtool.run(url, body, headers, concurrency=concurrency, duration_s=args.duration)
     cpu = {
@@ -301,7 +266,7 @@ def measure(
         "cpu_cores": {role: round(used / load.duration_s, 3) for role, used in cpu.items()},
     }
     if endpoint.redis_url:
-        calls = calls_between(before_cmds, commands_so_far(endpoint.redis_url))
+        calls = calls_between(before_cmds, command_calls(endpoint.redis_url))
         calls.pop("info", None)  # the benchmark's own
         n = max(load.requests, 1)
         row["redis_commands_per_request"] = round(sum(calls.values()) / n, 3)
@@ -542,24 +507,15 @@ def main() -> None:
         },
         "targets": {name: t.label for name, t in TARGETS.items()},
     }
-    raw = RESULTS / f"peers-{args.label}.json"
+    saved_as = f"peers-{args.label}"
     runs: list[dict[str, Any]] = []
     profiles: dict[str, dict[str, str]] = {}
 
     def save_raw() -> None:
-        raw.write_text(json.dumps({**header, "runs": runs, "profiles": profiles}, indent=1))
+        save(saved_as, {**header, "runs": runs, "profiles": profiles}, commit=False)
 
-    with tempfile.TemporaryDirectory(prefix="inferq-peers-") as tmp:
-        repo = Path(tmp)
-        shutil.copytree(
-            ROOT / "models" / "digits",
-            repo / "digits",
-            ignore=shutil.ignore_patterns("train.py", "__pycache__"),
-        )
-        files = {"digits": repo / "digits" / "1" / "model.onnx"}
-        if "medium" in models:
-            files["medium"] = medium_model.write(repo)
-        files = {m: p for m, p in files.items() if m in models}
+    with model_repository(digits=True, medium="medium" in models) as repo:
+        files = {m: repo / m / "1" / "model.onnx" for m in ("digits", "medium") if m in models}
         print(f"load tool: {loadtool.tool()}; revision {revision}", flush=True)
         ceilings = {m: in_process(p, m, args.ceiling_s) for m, p in files.items()}
         report_ceilings(ceilings)
@@ -608,7 +564,6 @@ def main() -> None:
                 ceilings[m][k] = best(ceilings[m][k], c[k])
 
     header["seconds"] = round(time.time() - started)
-    save_raw()
     rows = median_rows(runs)
     for m in files:
         print(table(rows, m))
@@ -617,10 +572,8 @@ def main() -> None:
     if args.baseline is not None:
         header["baseline_targets"] = verdicts(rows, ceilings, "base")
         print_verdicts(f"the same for {header['baseline_revision']}", header["baseline_targets"])
-    SUMMARIES.mkdir(parents=True, exist_ok=True)
-    summary = SUMMARIES / f"peers-{args.label}.json"
-    summary.write_text(json.dumps({**header, "rows": rows, "targets": results}, indent=1))
-    print(f"\nwrote {raw} and {summary}")
+    data = {**header, "runs": runs, "profiles": profiles, "rows": rows, "targets": results}
+    print(f"\nwrote {save(saved_as, data, omit=('runs', 'profiles'))} and its summary")
 
 
 def start_servers(
@@ -645,12 +598,7 @@ def start_servers(
         svc = stack.enter_context(Service("--model-repository", str(repo), *extra, root=root))
         for m in files:
             svc.wait_for_workers(m, 1)
-        roles: dict[str, list[int]] = {}
-        for pid, role in svc.processes().items():
-            roles.setdefault(role, []).append(pid)
-        with redis.Redis.from_url(svc.redis.url) as r:
-            roles["redis"] = [int(r.info("server")["process_id"])]
-        endpoints[kind] = Endpoint(svc.url, roles, svc.redis.url)
+        endpoints[kind] = Endpoint(svc.url, svc.role_pids(), svc.redis.url)
     return endpoints
 
 

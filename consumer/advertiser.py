@@ -13,11 +13,9 @@ import asyncio
 import redis.asyncio as aioredis
 import structlog
 
-from protocol.keys import Keys
+from consumer.context import WorkerContext
 from protocol.registry import WorkerInfo
 from runtime.aio import cancelling
-from runtime.backoff import Backoff
-from runtime.connections import RedisClock
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
 
@@ -27,24 +25,20 @@ log = structlog.get_logger("inferq.worker")
 class Advertiser:
     def __init__(
         self,
+        context: WorkerContext,
         redis: aioredis.Redis,
-        keys: Keys,
         info: WorkerInfo,
-        clock: RedisClock,
-        *,
-        interval_s: float,
-        ttl_s: float,
         eviction: EvictionCheck | None = None,
-        backoff: Backoff | None = None,
     ) -> None:
+        s = context.settings
         self._redis = redis
-        self._keys = keys
+        self._keys = context.keys
         self.info = info
-        self._clock = clock
-        self._interval_s = interval_s
-        self._ttl_ms = int(ttl_s * 1000)
+        self._clock = context.clock
+        self._interval_s = s.heartbeat_s
+        self._ttl_ms = int(s.worker_ttl_s * 1000)
         self._eviction = eviction
-        self._backoff = backoff or Backoff("heartbeat", log, critical=False)
+        self._backoff = context.loops.backoff("heartbeat", critical=False)
 
     async def publish(self) -> None:
         pipe = self._redis.pipeline(transaction=False)

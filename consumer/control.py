@@ -17,25 +17,20 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
 
 from consumer.backends import Backend, BackendError
+from consumer.context import WorkerContext
+from consumer.model import ServedModel
 from consumer.repository import ModelConfig, RepositoryError, load_config
 from protocol import ProtocolError
 from protocol.control import COMMAND_FIELD, Command, LoadReport, Op, VersionPolicy
 from protocol.envelope import decode_hash
-from protocol.keys import Keys
 from runtime.aio import cancelling
-from runtime.backoff import Backoff
 from runtime.faults import RETRYABLE
-
-if TYPE_CHECKING:
-    from consumer.model import ServedModel
-    from consumer.slots import ModelSlots
 
 log = structlog.get_logger("inferq.worker")
 
@@ -48,30 +43,24 @@ REPLY_TTL_S = 600
 class ModelControl:
     def __init__(
         self,
+        context: WorkerContext,
         *,
-        worker_id: str,
         redis: aioredis.Redis,
         reader: aioredis.Redis,
-        keys: Keys,
-        repository: Path,
-        models: ModelSlots,
-        now_ms: Callable[[], int],
         republish: Callable[[], Awaitable[None]],
-        block_ms: int,
-        retire_after_s: float,
-        backoff: Backoff | None = None,
     ) -> None:
-        self.worker_id = worker_id
+        s = context.settings
+        self.worker_id = context.worker_id
         self._redis = redis
         self._reader = reader
-        self._keys = keys
-        self._repository = repository
-        self._models = models
-        self._backoff = backoff or Backoff("control", log, critical=False)
-        self._now_ms = now_ms
+        self._keys = context.keys
+        self._repository = s.model_repository
+        self._models = context.slots
+        self._backoff = context.loops.backoff("control", critical=False)
+        self._now_ms = context.clock.now_ms
         self._republish = republish
-        self._block_ms = block_ms
-        self._retire_after_s = retire_after_s
+        self._block_ms = s.block_ms
+        self._retire_after_s = s.retire_after_s
         self._last_id = "0-0"
         self._prepared: dict[str, tuple[int, ModelConfig]] = {}
         self._generation: dict[str, int] = {}
@@ -234,7 +223,7 @@ class ModelControl:
                 log.error("cannot serve the committed policy", model=model.name, error=str(e))
                 await self._report(self._line(model, policy.generation, error=str(e)), "")
                 return
-        self._models.install(model.name, config)
+        self._models[model.name].install(config)
         self._generation[model.name] = policy.generation
         await self._republish()
         await self._report(self._line(model, policy.generation), "")
@@ -265,7 +254,7 @@ class ModelControl:
         after the grace period and when none is still queued here."""
         await asyncio.sleep(self._retire_after_s)
         # A rare, one-off wait: polling the dispatcher's queue beats a new event it must set.
-        while self._models.queued_versions(model.name) & versions:  # noqa: ASYNC110
+        while self._models[model.name].queued_versions() & versions:  # noqa: ASYNC110
             await asyncio.sleep(0.1)
         for backend in model.take_retiring(versions):
             await asyncio.to_thread(backend.unload)

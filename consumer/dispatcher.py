@@ -1,119 +1,94 @@
-"""One dispatcher per served model: asks the batch policy when to run, drops what expired,
-drops requests whose callers have gone (``protocol.cancellation``), claims the batch's async
-jobs, runs the batch on the model's own thread (the event loop keeps reading meanwhile) or, for a
-model measured to be quick, on the loop itself (``consumer.inline``), and hands every outcome to
-the writer.
+"""One dispatcher per served model: when the batch policy says, it takes a batch, drops what
+expired and what callers have gone from (``protocol.cancellation``), claims the batch's jobs,
+runs the batch on the model's thread or, for a quick model, on the event loop
+(``consumer.inline``), and hands every outcome to the writer.
 
-Its Redis commands are the cancellation lookup and the job claim. When Redis cannot answer the
-lookup the requests run (it only costs work); when it refuses the claim, the jobs go back to the
-queue and the dispatcher backs off before it tries again, while the synchronous requests of the
-batch run.
+When Redis cannot answer the cancellation lookup, the requests run (it only costs work); when it
+refuses the job claim, the jobs go back to the queue and the dispatcher backs off.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from typing import Protocol
 
 import redis.asyncio as aioredis
 import structlog
 from redis.commands.core import AsyncScript
 
 from consumer.batcher import Queued
-from consumer.ledger import Ledger
-from consumer.metrics import WorkerMetrics
+from consumer.context import WorkerContext
 from consumer.model import BatchOutcome, rows_of
-from consumer.outgoing import Outcomes, Outgoing
 from consumer.slots import Delivery, ModelSlot
-from consumer.stats import WorkerStats
 from protocol.cancellation import CHECK_AFTER_MS, cancelled_of
 from protocol.jobs import JobStatus, transition_args
-from protocol.keys import Keys
 from protocol.messages import Kind, Status
 from runtime.aio import cancelling
-from runtime.backoff import Backoff
 from runtime.cluster import script_per_slot
 from runtime.faults import RETRYABLE
-from runtime.tracing import Tracer
 
 log = structlog.get_logger("inferq.worker")
+
+
+class ReadSide(Protocol):
+    """What a dispatcher needs of the worker's reader (``consumer.reader.Reader``)."""
+
+    draining: bool
+    """The worker is shutting down: run what is queued without waiting for more."""
+
+    def wake(self) -> None:
+        """This model's wants changed: read for them."""
 
 
 class Dispatcher:
     def __init__(
         self,
+        context: WorkerContext,
         slot: ModelSlot,
         *,
         redis: aioredis.Redis,
-        worker_id: str,
-        keys: Keys,
-        ledger: Ledger,
-        outcomes: Outcomes,
-        put: Callable[[list[Outgoing]], None],
         transition: AsyncScript,
-        now_ms: Callable[[], int],
-        wake_reader: Callable[[], None],
-        draining: Callable[[], bool],
-        metrics: WorkerMetrics,
-        stats: WorkerStats,
-        backoff: Backoff,
-        tracer: Tracer | None = None,
+        reader: ReadSide,
     ) -> None:
+        self._ctx = context
         self.slot = slot
         self._redis = redis
-        self._worker_id = worker_id
-        self._keys = keys
-        self._ledger = ledger
-        self._outcomes = outcomes
-        self._put = put
         self._transition = transition
-        self._now_ms = now_ms
-        self._wake_reader = wake_reader
-        self._draining = draining
-        self._metrics = metrics
-        self._stats = stats
-        self._backoff = backoff
-        self._tracer = tracer if tracer is not None and tracer.enabled else None
+        self._reader = reader
+        self._keys = context.keys
+        self._now_ms = context.clock.now_ms
+        self._backoff = context.loops.backoff(f"dispatch-{slot.model.name}")
 
     async def run(self) -> None:
-        slot = self.slot
+        slot, reader = self.slot, self._reader
         while not cancelling():
             now = time.monotonic()
             self._drop_expired(now)
-            if len(slot.queue):
-                slot.idle.clear()
-            else:
-                slot.idle.set()
-            wait = slot.policy.wait_s(
-                slot.queue, now, drained=slot.drained or self._draining(), service_s=slot.service_s
-            )
+            wait = slot.between_batches(now, draining=reader.draining)
             if wait != 0.0:
-                slot.changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):  # no task per wait, unlike wait_for
-                        await slot.changed.wait()
+                await slot.wait_for_news(wait)
                 continue
-            slot.busy = True
-            self._wake_reader()
+            slot.batch_started()
+            reader.wake()
             try:
-                taken = await self._drop_cancelled(slot.queue.take(slot.batch_limit()))
+                taken = await self._drop_cancelled(slot.take_batch())
                 batch = await self._claim_jobs(taken)
                 if batch:
                     await self._run_batch(batch)
             finally:
-                slot.busy = False
-                self._wake_reader()
+                slot.batch_ended()
+                reader.wake()
 
     def _drop_expired(self, now: float) -> None:
-        expired = [q.item for q in self.slot.queue.drop_expired(now)]
+        expired = self.slot.drop_expired(now)
         if not expired:
             return
-        self._stats.expired += len(expired)
-        self._metrics.observe_expired(self.slot.model.name, len(expired))
+        ctx = self._ctx
+        ctx.stats.expired += len(expired)
+        ctx.metrics.observe_expired(self.slot.model.name, len(expired))
         for d in expired:
             r = d.request
             log.info(
@@ -123,8 +98,8 @@ class Dispatcher:
                 version=r.version,
                 traceparent=r.traceparent,
             )
-        self._put([self._outcomes.expired(d) for d in expired])
-        self._wake_reader()
+        ctx.put([ctx.outcomes.expired(d) for d in expired])
+        self._reader.wake()
 
     async def _drop_cancelled(self, batch: list[Queued[Delivery]]) -> list[Queued[Delivery]]:
         """Acknowledge, unrun, the requests whose callers have gone (``protocol.cancellation``):
@@ -148,10 +123,11 @@ class Dispatcher:
         if not gone:
             return batch
         dropped = [q.item for q in batch if q.item.request.id in gone]
-        self._stats.cancelled += len(dropped)
-        self._metrics.observe_cancelled(model, len(dropped))
+        ctx = self._ctx
+        ctx.stats.cancelled += len(dropped)
+        ctx.metrics.observe_cancelled(model, len(dropped))
         log.info("requests dropped: their callers have gone", model=model, count=len(dropped))
-        self._put([self._outcomes.nothing(*d.entry) for d in dropped])
+        ctx.put([ctx.outcomes.nothing(*d.entry) for d in dropped])
         return [q for q in batch if q.item.request.id not in gone]
 
     async def _claim_jobs(self, batch: list[Queued[Delivery]]) -> list[Delivery]:
@@ -175,7 +151,7 @@ class Dispatcher:
             )
         except RETRYABLE as e:
             for q in jobs:
-                self.slot.queue.push(q)
+                self.slot.enqueue(q)
             await self._backoff.failed(e)
             return [q.item for q in batch if q.item.request.kind is not Kind.JOB]
         self._backoff.succeeded()
@@ -192,33 +168,32 @@ class Dispatcher:
                     status=status.decode() if status else "missing",
                     traceparent=r.traceparent,
                 )
-                self._stats.skipped_jobs += 1
+                self._ctx.stats.skipped_jobs += 1
         if skipped:
-            self._put([self._outcomes.nothing(*q.item.entry) for q in jobs if id(q) in skipped])
+            nothing = self._ctx.outcomes.nothing
+            self._ctx.put([nothing(*q.item.entry) for q in jobs if id(q) in skipped])
         return [q.item for q in batch if id(q) not in skipped]
 
     async def _run_batch(self, batch: list[Delivery]) -> None:
-        slot = self.slot
-        self._ledger.running(d.entry for d in batch)
+        slot, ctx = self.slot, self._ctx
+        ctx.ledger.running(d.entry for d in batch)
         requests = [d.request for d in batch]
         version, rows = requests[0].version, sum(rows_of(r) for r in requests)
         started = time.monotonic()
-        inline = slot.inline.suits(version, rows)
+        waited = [d.waited(started) for d in batch]
+        inline = slot.runs_inline(version, rows)
         if inline:
-            self._stats.inline_batches += 1
-            outcome = slot.model.run(requests, self._worker_id)
+            ctx.stats.inline_batches += 1
+            outcome = slot.model.run(requests, ctx.worker_id, waited)
         else:
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(
-                slot.executor, slot.model.run, requests, self._worker_id
+                slot.executor, slot.model.run, requests, ctx.worker_id, waited
             )
-        slot.inline.observe(version, outcome.infer_s, rows, inline=inline)
-        slot.service_s = (
-            0.8 * slot.service_s + 0.2 * outcome.infer_s if slot.service_s else outcome.infer_s
-        )
+        slot.call_took(version, rows, outcome.infer_s, inline=inline)
         self._observe(batch, outcome, started, rows)
-        results = zip(batch, outcome.results, strict=True)
-        self._put([self._outcomes.ran(d, result, started, len(batch)) for d, result in results])
+        result = ctx.outcomes.result
+        ctx.put([result(d, r) for d, r in zip(batch, outcome.results, strict=True)])
         # An inline batch never awaited: let the writer send these results and the reader
         # read on before the next batch.
         await asyncio.sleep(0)
@@ -228,22 +203,23 @@ class Dispatcher:
     ) -> None:
         """Stats, metrics, the trace span and the logs of one batch: counted per batch, logged
         per request only when a request failed or debug logging is on."""
-        slot = self.slot
-        self._stats.batches += 1
-        self._stats.requests += len(batch)
-        self._stats.batch_sizes.append(len(batch))
+        slot, stats, tracer = self.slot, self._ctx.stats, self._ctx.tracer
+        stats.batches += 1
+        stats.requests += len(batch)
+        stats.batch_sizes.append(len(batch))
         exemplar = None
-        if self._tracer is not None:
-            exemplar = self._tracer.batch(
+        if tracer is not None:
+            exemplar = tracer.batch(
                 model=slot.model.name,
-                worker=self._worker_id,
+                worker=self._ctx.worker_id,
                 requests=[(d.request.traceparent, d.read_at) for d in batch],
                 started=started,
                 finished=time.monotonic(),
                 rows=rows,
                 failed=outcome.model_failed,
             )
-        self._metrics.observe_batch(
+        metrics = self._ctx.metrics
+        metrics.observe_batch(
             slot.model.name,
             requests=len(batch),
             rows=rows,
@@ -251,12 +227,12 @@ class Dispatcher:
             inference_s=outcome.infer_s,
             exemplar=exemplar,
         )
-        self._metrics.observe_results(
+        metrics.observe_results(
             Counter((r.model, r.version, r.status.value) for r in outcome.results)
         )
         debug = log.is_enabled_for(logging.DEBUG)
         if not debug and not outcome.failures:
-            self._stats.executed.extend(d.request.id for d in batch)
+            stats.executed.extend(d.request.id for d in batch)
             return
         for d, result in zip(batch, outcome.results, strict=True):
             if debug:
@@ -271,9 +247,9 @@ class Dispatcher:
                     traceparent=d.request.traceparent,
                 )
             if result.status is Status.OK:
-                self._stats.executed.append(d.request.id)
+                stats.executed.append(d.request.id)
             else:
-                self._stats.failed += 1
+                stats.failed += 1
                 log.warning(
                     "request failed",
                     request_id=d.request.id,

@@ -104,9 +104,3 @@ class Ledger:
             held = self._held.get((stream, entry_id))
             if held is not None:
                 held.since = now
-
-    def counts(self) -> dict[Stage, int]:
-        out = dict.fromkeys(Stage, 0)
-        for held in self._held.values():
-            out[held.stage] += 1
-        return out

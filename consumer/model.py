@@ -26,9 +26,8 @@ from protocol.messages import InferRequest, InferResult, Status, Timings
 from protocol.registry import ModelMetadata
 from protocol.tensor import Tensor
 
-
-class BatchFailed(Exception):
-    """The model call for a batch failed; every request of the batch gets the message."""
+Waited = tuple[float, float]
+"""Where a request's time went before its model call, in ms: (queued, waiting for its batch)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +67,6 @@ class ServedModel:
         """Loaded and warmed for a change not yet committed."""
         self.retiring: dict[str, Backend] = {}
         """Dropped by the last change; still answering requests routed to them before it."""
-        self.bisections = 0
         self._output_types = {o.name: o.datatype for o in config.outputs}
 
     def _batching(self, config: ModelConfig) -> tuple[int, float]:
@@ -152,60 +150,74 @@ class ServedModel:
             backend.unload()
         self.backends, self.standby, self.retiring = {}, {}, {}
 
-    def run(self, requests: Sequence[InferRequest], worker: str) -> BatchOutcome:
+    def run(
+        self,
+        requests: Sequence[InferRequest],
+        worker: str,
+        waited: Sequence[Waited] | None = None,
+    ) -> BatchOutcome:
         """Run one batch (all of one version) as a single model call. Called off the event loop.
 
-        When the call fails for a batch of several requests, the batch is split in halves and
-        each half retried (bisection), so one poison input fails alone and the rest of its batch
-        still succeeds, at the cost of about 2·log2(n) extra calls in that rare case.
+        Each result is built once, complete: its timings are the request's ``waited`` (zeros
+        when not given), the model call and the batch's size. When the call fails for a batch
+        of several requests, the batch is split in halves and each half retried (bisection), so
+        one poison input fails alone and the rest of its batch still succeeds, at the cost of
+        about 2·log2(n) extra calls in that rare case.
         """
-        outcome = self._run_once(requests, worker)
+        waits = list(waited) if waited is not None else [(0.0, 0.0)] * len(requests)
+        return self._bisect(requests, waits, _Stamp(self.name, worker, len(requests)))
+
+    def _bisect(
+        self, requests: Sequence[InferRequest], waits: Sequence[Waited], stamp: _Stamp
+    ) -> BatchOutcome:
+        outcome = self._run_once(requests, waits, stamp)
         if not outcome.model_failed or len(requests) == 1:
             return outcome
-        self.bisections += 1
         middle = len(requests) // 2
-        left = self.run(requests[:middle], worker)
-        right = self.run(requests[middle:], worker)
+        left = self._bisect(requests[:middle], waits[:middle], stamp)
+        right = self._bisect(requests[middle:], waits[middle:], stamp)
         return BatchOutcome(
             left.results + right.results, outcome.infer_s + left.infer_s + right.infer_s
         )
 
-    def _run_once(self, requests: Sequence[InferRequest], worker: str) -> BatchOutcome:
+    def _run_once(
+        self, requests: Sequence[InferRequest], waits: Sequence[Waited], stamp: _Stamp
+    ) -> BatchOutcome:
         version = requests[0].version
         backend = self.backend_for(version)
         if backend is None:
-            return self._fail_all(requests, worker, f"version {version} is not loaded here", 0.0)
+            return _fail_all(requests, waits, stamp, f"version {version} is not loaded here", 0.0)
         counts = [rows_of(r) for r in requests]
         total = sum(counts)
         try:
             inputs = _concatenate(requests)
         except ValueError as e:
-            return self._fail_all(requests, worker, f"inputs do not batch together: {e}", 0.0)
+            return _fail_all(requests, waits, stamp, f"inputs do not batch together: {e}", 0.0)
         started = time.perf_counter()
         try:
             outputs = _predict(backend, inputs, total, self.max_batch)
         except InvalidInput as e:
             elapsed = time.perf_counter() - started
-            return self._reject_row(requests, counts, e, worker, elapsed)
+            return self._reject_row(requests, waits, stamp, counts, e, elapsed)
         except Exception as e:  # a model can raise anything; the batch must still be answered
             elapsed = time.perf_counter() - started
-            failed = self._fail_all(requests, worker, f"model '{self.name}' failed: {e}", elapsed)
+            failed = _fail_all(requests, waits, stamp, f"model '{self.name}' failed: {e}", elapsed)
             return BatchOutcome(failed.results, elapsed, model_failed=True)
         elapsed = time.perf_counter() - started
         for name, arr in outputs.items():
             if arr.ndim == 0 or arr.shape[0] != total:
                 got = "a scalar" if arr.ndim == 0 else f"{arr.shape[0]} rows"
-                failed = self._fail_all(
+                failed = _fail_all(
                     requests,
-                    worker,
+                    waits,
+                    stamp,
                     f"model '{self.name}' returned {got} for output '{name}' given {total} rows",
                     elapsed,
                 )
                 return BatchOutcome(failed.results, elapsed, model_failed=True)
-        timings = Timings(infer_ms=elapsed * 1000, batch_size=len(requests))
         results = []
         offset = 0
-        for request, n in zip(requests, counts, strict=True):
+        for request, waited, n in zip(requests, waits, counts, strict=True):
             wanted = request.outputs or list(self._output_types)
             tensors = [
                 Tensor.from_numpy(
@@ -214,25 +226,16 @@ class ServedModel:
                 for name in wanted
             ]
             offset += n
-            results.append(
-                InferResult(
-                    request.id,
-                    Status.OK,
-                    self.name,
-                    version,
-                    tensors,
-                    worker=worker,
-                    timings=timings,
-                )
-            )
+            results.append(stamp.result(request, waited, Status.OK, elapsed, outputs=tensors))
         return BatchOutcome(results, elapsed)
 
     def _reject_row(
         self,
         requests: Sequence[InferRequest],
+        waits: Sequence[Waited],
+        stamp: _Stamp,
         counts: Sequence[int],
         error: InvalidInput,
-        worker: str,
         elapsed: float,
     ) -> BatchOutcome:
         """Answer the request that holds the invalid row as invalid (a client error), and run
@@ -241,45 +244,63 @@ class ServedModel:
         while k < len(counts) - 1 and row >= counts[k]:
             row -= counts[k]
             k += 1
-        bad = requests[k]
-        timings = Timings(infer_ms=elapsed * 1000, batch_size=len(requests))
-        invalid = InferResult(
-            bad.id,
-            Status.INVALID,
-            self.name,
-            bad.version,
-            error=f"{error} (row {row})",
-            worker=worker,
-            timings=timings,
+        invalid = stamp.result(
+            requests[k], waits[k], Status.INVALID, elapsed, error=f"{error} (row {row})"
         )
         rest = [*requests[:k], *requests[k + 1 :]]
         if not rest:
             return BatchOutcome([invalid], elapsed)
-        outcome = self._run_once(rest, worker)
+        outcome = self._run_once(rest, [*waits[:k], *waits[k + 1 :]], stamp)
         results = outcome.results
         return BatchOutcome(
             [*results[:k], invalid, *results[k:]], elapsed + outcome.infer_s, outcome.model_failed
         )
 
-    def _fail_all(
-        self, requests: Sequence[InferRequest], worker: str, message: str, elapsed: float
-    ) -> BatchOutcome:
-        timings = Timings(infer_ms=elapsed * 1000, batch_size=len(requests))
-        return BatchOutcome(
-            [
-                InferResult(
-                    r.id,
-                    Status.FAILED,
-                    self.name,
-                    r.version,
-                    error=message,
-                    worker=worker,
-                    timings=timings,
-                )
-                for r in requests
-            ],
-            elapsed,
+
+@dataclass(frozen=True, slots=True)
+class _Stamp:
+    """What every result of one batch carries: its model, the worker, the batch's size."""
+
+    model: str
+    worker: str
+    batch_size: int
+
+    def result(
+        self,
+        request: InferRequest,
+        waited: Waited,
+        status: Status,
+        infer_s: float,
+        *,
+        outputs: list[Tensor] | None = None,
+        error: str | None = None,
+    ) -> InferResult:
+        return InferResult(
+            request.id,
+            status,
+            self.model,
+            request.version,
+            [] if outputs is None else outputs,
+            error,
+            self.worker,
+            Timings(waited[0], waited[1], infer_s * 1000, self.batch_size),
         )
+
+
+def _fail_all(
+    requests: Sequence[InferRequest],
+    waits: Sequence[Waited],
+    stamp: _Stamp,
+    message: str,
+    elapsed: float,
+) -> BatchOutcome:
+    return BatchOutcome(
+        [
+            stamp.result(r, waited, Status.FAILED, elapsed, error=message)
+            for r, waited in zip(requests, waits, strict=True)
+        ],
+        elapsed,
+    )
 
 
 def _predict(

@@ -1,15 +1,12 @@
 """What the writer stores for a finished stream entry, and how a request's outcome becomes one.
 
 An ``Outgoing`` names one entry and everything that must be in Redis before it is acknowledged:
-the reply to the waiting gateway, the result key (``SET NX``: the cache entry, a result nobody
-waits on a reply stream for, or the backup of a reply that could not be delivered), the job
-record's transition, or a dead letter. ``Outcomes`` builds them from results.
-
-An uncached synchronous result is written once: its request's ``result_key`` is the per-request
-key ``Keys.result(id)`` (the gateway sends a cache key instead when the cache is on), and the
-reply stream carries the same bytes, so the key is written only when the reply cannot be
-delivered (``XADD ... NOMKSTREAM`` answered nil: the gateway's reply stream is missing). That is
-the case the gateway's loss sweep (``producer.losses``) reads result keys for.
+the reply, the result key (``SET NX``: the cache entry, a result nobody waits on a reply stream
+for, or the backup of a reply that could not be delivered), the job transition, or a dead letter.
+``Outcomes`` builds them, encoding each result once. An uncached synchronous result
+(``result_key`` is ``Keys.result(id)``) goes only to its reply stream; its key is written only
+when ``XADD ... NOMKSTREAM`` finds that stream missing, for the gateway's loss sweep
+(``producer.losses``).
 """
 
 from __future__ import annotations
@@ -21,7 +18,7 @@ from dataclasses import dataclass, replace
 from consumer.slots import Delivery
 from protocol.jobs import JobStatus, transition_args
 from protocol.keys import Keys
-from protocol.messages import DeadLetter, InferRequest, InferResult, Kind, Status, Timings
+from protocol.messages import DeadLetter, InferRequest, InferResult, Kind, Status
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,11 +115,9 @@ class Outcomes:
         )
         return self.result(d, result)
 
-    def ran(self, d: Delivery, result: InferResult, started: float, batch_size: int) -> Outgoing:
-        """A request the model ran (or failed on), with its timings."""
-        return self.result(d, with_timings(result, d, started, batch_size=batch_size))
-
     def result(self, d: Delivery, result: InferResult) -> Outgoing:
+        """A request answered (run by the model, failed, expired): its result is encoded here,
+        once, for every place it is stored."""
         r = d.request
         payload = result.encode()
         if r.kind is Kind.JOB:
@@ -164,26 +159,3 @@ class Outcomes:
             error = result.error or "failed"
             args = transition_args(JobStatus.FAILED, finished_ms=now, error=error)
         return JobUpdate(self._keys.job(r.id), r.id, required, args, r.result_ttl_ms)
-
-
-def with_timings(
-    result: InferResult, d: Delivery, started: float, *, batch_size: int
-) -> InferResult:
-    timings = Timings(
-        queued_ms=max(0.0, float(d.read_ms - d.request.enqueued_ms)),
-        batch_wait_ms=max(0.0, (started - d.read_at) * 1000),
-        infer_ms=result.timings.infer_ms,
-        batch_size=batch_size,
-    )
-    # Not dataclasses.replace, which inspects the fields on every call: this runs per request.
-    r = result
-    return InferResult(
-        id=r.id,
-        status=r.status,
-        model=r.model,
-        version=r.version,
-        outputs=r.outputs,
-        error=r.error,
-        worker=r.worker,
-        timings=timings,
-    )

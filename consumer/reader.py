@@ -1,18 +1,10 @@
-"""The worker's reader: one ``XREADGROUP`` over every stream of every served model (on a Redis
-Cluster, one per slot: see ``ReadGroup``), and the intake that turns what it reads (or what the
-reclaimer claims) into queued deliveries.
+"""The worker's reader: ``XREADGROUP`` for just enough entries to fill each model's next batch
+(one read per ``ReadGroup``), and the intake that queues what it reads, or what the reclaimer
+claims, as deliveries.
 
-Reads are aimed at batching: the reader asks each model's streams for just enough entries to fill
-its next batch, keeps reading while the model runs (the next batch forms meanwhile), stops
-reading a model whose next batch is full, and wakes from a blocking read with ``CLIENT UNBLOCK``
-when a model that was full wants more.
-
-A Redis error never ends the reader. A vanished stream or consumer group (Redis evicted the
-stream, or restarted empty; Redis answers ``UNBLOCKED the stream key no longer exists`` or
-``NOGROUP``) is created again and reading carries on; anything else is retried with backoff,
-after which the reader pages through its own pending list again in case a read's reply was lost.
-On a cluster, a read that meets a slot that moved (failover, resharding: MOVED, or a connection
-refused by a dead master) reconnects to where the slot lives now.
+A Redis error never ends it: a vanished stream or consumer group is created again; anything else
+is retried with backoff, after which the reader pages through its own pending list again in case
+a read's reply was lost. Why reads are shaped so: ARCHITECTURE.md, "Reading for batches".
 """
 
 from __future__ import annotations
@@ -29,21 +21,17 @@ import structlog
 from redis.exceptions import ResponseError
 
 from consumer.batcher import Queued
-from consumer.ledger import Ledger
-from consumer.metrics import WorkerMetrics
+from consumer.context import WorkerContext
 from consumer.model import batch_group, rows_of
-from consumer.outgoing import Outcomes, Outgoing
-from consumer.slots import Delivery, ModelSlot, ModelSlots
-from consumer.stats import WorkerStats
+from consumer.outgoing import Outgoing
+from consumer.slots import Delivery, ModelSlot
 from protocol import ProtocolError
 from protocol.deadline import local_deadline
-from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, text
+from protocol.keys import GROUP, LANES_BY_PRIORITY, text
 from protocol.messages import FIELD, InferRequest
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
-from runtime.connections import RedisClock
 from runtime.faults import RETRYABLE, Fault, classify
-from runtime.loops import Loops
 from runtime.readconn import BlockingReads
 
 log = structlog.get_logger("inferq.worker")
@@ -79,37 +67,14 @@ class ReadGroup:
 
 class Reader:
     def __init__(
-        self,
-        *,
-        consumer: str,
-        redis: aioredis.Redis,
-        groups: list[ReadGroup],
-        keys: Keys,
-        slots: ModelSlots,
-        ledger: Ledger,
-        outcomes: Outcomes,
-        put: Callable[[list[Outgoing]], None],
-        clock: RedisClock,
-        metrics: WorkerMetrics,
-        stats: WorkerStats,
-        loops: Loops,
-        block_ms: int,
-        max_deliveries: int,
+        self, context: WorkerContext, redis: aioredis.Redis, groups: list[ReadGroup]
     ) -> None:
-        self._consumer = consumer
+        self._ctx = context
         self._redis = redis
         self.groups = groups
-        self._keys = keys
-        self._slots = slots
-        self._ledger = ledger
-        self._outcomes = outcomes
-        self._put = put
-        self._clock = clock
-        self._metrics = metrics
-        self._stats = stats
-        self._loops = loops
-        self._block_ms = block_ms
-        self._max_deliveries = max_deliveries
+        self._slots = context.slots
+        self._consumer = context.worker_id
+        self._block_ms = context.settings.block_ms
         self.draining = False
         """Set on shutdown: take nothing more."""
         self._finishing = False
@@ -143,7 +108,7 @@ class Reader:
             streams, _, _ = self._wanted(group)
             if not set(streams) <= group.blocking_on:
                 group.blocking_on = None
-                self._loops.spawn_once("unblock", self._unblock(group, group.client_id))
+                self._ctx.loops.spawn_once("unblock", self._unblock(group, group.client_id))
 
     async def _unblock(self, group: ReadGroup, client_id: int) -> None:
         try:
@@ -211,7 +176,7 @@ class Reader:
             group.blocking_on = frozenset(streams)
             for slot in self._slots.values():
                 if any(s in streams for s in slot.streams):
-                    slot.drained_in[group.name] = True
+                    slot.read_blocking(group.name)
         return await reader.xreadgroup(
             GROUP,
             self._consumer,
@@ -233,7 +198,7 @@ class Reader:
                     "restarted empty); creating it again",
                     error=str(error),
                 )
-                self._stats.recreated += 1
+                self._ctx.stats.recreated += 1
             group.missing = True
             if group.backoff.healthy:
                 group.backoff.record(error)
@@ -261,9 +226,9 @@ class Reader:
             wanted = {s: slot.wanted_count(slot.lane_of[s]) for s in mine}
             included = [s for s, n in wanted.items() if n > 0]
             if not included:
-                slot.drained_in[group.name] = False  # not read: what is queued is unknown
+                slot.read_skipped(group.name)
                 continue
-            streams.update({s: slot.read_ids[s] for s in included})
+            streams.update({s: slot.read_id(s) for s in included})
             count = max(count, *(wanted[s] for s in included))
             prompt = prompt or slot.needs_prompt_read() or slot.reading_backlog()
         return streams, count, not prompt
@@ -287,11 +252,9 @@ class Reader:
                 if stream in asked and asked[stream] != ">":
                     # Reading our own pending list: page through it, then switch to new entries.
                     done = got.get(stream, 0) < count
-                    slot.read_ids[stream] = ">" if done else last_ids.get(stream, ">")
+                    slot.paged(stream, None if done else last_ids.get(stream))
             drained = all(s in asked and got.get(s, 0) < count for s in mine)
-            slot.drained_in[group.name] = drained
-            if drained:
-                slot.changed.set()
+            slot.read_returned(group.name, drained=drained)
 
     # -- intake ------------------------------------------------------------------------------
 
@@ -309,30 +272,32 @@ class Reader:
         caller answered with the reason. An entry delivered more than once runs in a batch of its
         own, so if it is what crashes workers it takes no other request down with it.
         """
-        slot = self._slots.slot_of(stream, self._keys)
+        ctx = self._ctx
+        slot = self._slots.slot_of(stream, ctx.keys)
         if slot is None:
             return
-        now, now_ms = time.monotonic(), self._clock.now_ms()
+        now, now_ms = time.monotonic(), ctx.clock.now_ms()
+        ledger, max_deliveries = ctx.ledger, ctx.settings.max_deliveries
         out: list[Outgoing] = []
         for i, (entry_id, fields) in enumerate(entries):
-            if not self._ledger.take(stream, entry_id):
+            if not ledger.take(stream, entry_id):
                 continue  # re-read from our pending list while we still hold it
             if fields is None:
                 # Deleted while pending (a pending-list read reports it): nothing to run.
-                out.append(self._outcomes.nothing(stream, entry_id))
+                out.append(ctx.outcomes.nothing(stream, entry_id))
                 continue
             request = self._decode(slot, stream, entry_id, fields, out)
             if request is None:
                 continue
             delivery = Delivery(stream, entry_id, request, now_ms, now)
             times = deliveries(i) if deliveries is not None else 1
-            if times > self._max_deliveries:
+            if times > max_deliveries:
                 out.append(self._poisoned(slot, delivery, times, fields.get(FIELD, b"")))
                 continue
             self._queue(slot, delivery, times)
-        slot.changed.set()
+        slot.notify()
         if out:
-            self._put(out)
+            ctx.put(out)
 
     def _decode(
         self,
@@ -355,9 +320,9 @@ class Reader:
                 entry=entry_id,
                 error=str(e),
             )
-            self._stats.dead_lettered += 1
-            self._metrics.observe_dead_letter(slot.model.name, "undecodable")
-            out.append(self._outcomes.undecodable(stream, entry_id, str(e), payload or b""))
+            self._ctx.stats.dead_lettered += 1
+            self._ctx.metrics.observe_dead_letter(slot.model.name, "undecodable")
+            out.append(self._ctx.outcomes.undecodable(stream, entry_id, str(e), payload or b""))
             return None
 
     def _poisoned(self, slot: ModelSlot, d: Delivery, times: int, raw: bytes) -> Outgoing:
@@ -375,18 +340,17 @@ class Reader:
             reason=reason,
             traceparent=r.traceparent,
         )
-        self._stats.dead_lettered += 1
-        self._metrics.observe_dead_letter(slot.model.name, "poison")
-        return self._outcomes.poisoned(d, reason, raw)
+        self._ctx.stats.dead_lettered += 1
+        self._ctx.metrics.observe_dead_letter(slot.model.name, "poison")
+        return self._ctx.outcomes.poisoned(d, reason, raw)
 
     def _queue(self, slot: ModelSlot, d: Delivery, times: int) -> None:
         lane = slot.lane_of[d.stream]
         r = d.request
-        self._metrics.observe_dequeued(
+        self._ctx.metrics.observe_dequeued(
             slot.model.name, LANES_BY_PRIORITY[lane].value, (d.read_ms - r.enqueued_ms) / 1000
         )
-        slot.idle.clear()
-        slot.queue.push(
+        slot.enqueue(
             Queued(
                 d,
                 lane=lane,

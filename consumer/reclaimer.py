@@ -1,33 +1,11 @@
-"""Recovering work from workers that died, and protecting work from being recovered too early.
+"""Recovering a dead worker's entries, and keeping this worker's from being recovered too early.
 
-Every ``interval_s`` for each served stream:
-- **Renew.** Entries this worker has held longer than a third of ``claim_idle_ms`` (a long batch,
-  a slow model) are re-claimed by this worker with ``XCLAIM ... JUSTID``, which resets their
-  idle time without counting a delivery, so no other worker takes them over while they run.
-- **Reclaim.** Entries pending longer than ``claim_idle_ms`` (their worker died, or lost its
-  read in a connection drop) are claimed with ``XCLAIM`` and queued here, as far as this
-  worker has room. ``XCLAIM`` with a minimum idle time is atomic, so two workers reclaiming at
-  once cannot both take an entry. Streams the published backlog snapshot shows with nothing
-  pending are skipped (``runtime.stats``): at idle a pass costs one ``GET``, not one
-  ``XPENDING`` per stream.
-- **Poison.** An entry already delivered ``max_deliveries`` times (it keeps crashing workers)
-  is not run again: it goes to the dead-letter stream with the reason, and its caller is answered
-  with that reason instead of waiting for a deadline.
-
-Less often (every ``HOUSEKEEPING_EVERY`` passes):
-- **Trim.** Each stream is trimmed (``XTRIM MINID``) below the oldest entry still pending and
-  never past the group's last-delivered id, so memory stays bounded while no entry that has not
-  been delivered and acknowledged is ever deleted (which would also break the group's lag).
-- **Prune.** Consumers of workers that are gone are removed from the group, but only when they
-  hold no pending entries: ``XGROUP DELCONSUMER`` on a consumer with pending entries silently
-  drops them.
-
-A Redis error ends a pass, and the next one comes after the interval and a backoff (the loop
-never ends on a Redis error); a stream or group that has vanished is skipped (the reader creates
-it again).
-
-Duplicate executions are possible (a worker that was only slow, not dead); duplicate replies are
-not: result keys are written only if absent and the gateway resolves each request once.
+Each pass renews what this worker has held past a third of ``claim_idle_ms`` (``XCLAIM JUSTID``)
+and claims, as far as there is room, what has been pending elsewhere longer than
+``claim_idle_ms``, handing it to the reader's intake with its delivery count (which
+dead-letters an entry past ``max_deliveries``). Every ``HOUSEKEEPING_EVERY`` passes it trims each
+stream with the writer's script (``consumer.trim``) and removes consumers of gone workers that
+hold nothing. A Redis error ends a pass, never the loop. Why: ARCHITECTURE.md, "Recovery".
 """
 
 from __future__ import annotations
@@ -39,20 +17,21 @@ from typing import Any, Protocol, cast
 
 import redis.asyncio as aioredis
 import structlog
+from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
-from consumer.ledger import Ledger
-from consumer.metrics import WorkerMetrics
-from consumer.slots import ModelSlots
-from protocol.keys import GROUP, Keys, Lane, next_id, text
+from consumer.context import WorkerContext
+from consumer.trim import TRIM_SCRIPT
+from protocol.keys import GROUP, Lane, text
 from runtime.aio import cancelling
-from runtime.backoff import Backoff
 from runtime.faults import RETRYABLE, Fault, classify
 from runtime.stats import read_snapshot
 
 log = structlog.get_logger("inferq.worker")
 
 HOUSEKEEPING_EVERY = 20
+MIN_INTERVAL_S = 0.05
+"""A pass runs every quarter of ``claim_idle_ms``, but not more often than this."""
 _LANES = {lane.value for lane in Lane}
 
 
@@ -71,37 +50,23 @@ class Intake(Protocol):
 
 
 class Reclaimer:
-    def __init__(
-        self,
-        redis: aioredis.Redis,
-        *,
-        consumer: str,
-        keys: Keys,
-        slots: ModelSlots,
-        ledger: Ledger,
-        intake: Intake,
-        now_ms: Callable[[], int],
-        metrics: WorkerMetrics,
-        max_deliveries: int,
-        claim_idle_ms: int,
-        interval_s: float,
-        backoff: Backoff | None = None,
-    ) -> None:
+    def __init__(self, context: WorkerContext, redis: aioredis.Redis, intake: Intake) -> None:
+        s = context.settings
         self._redis = redis
-        self._consumer = consumer
-        self._keys = keys
-        self._slots = slots
-        self._ledger = ledger
+        self._consumer = context.worker_id
+        self._keys = context.keys
+        self._slots = context.slots
+        self._ledger = context.ledger
         self._intake = intake
-        self._now_ms = now_ms
-        self._metrics = metrics
-        self._max_deliveries = max_deliveries
-        self._claim_idle_ms = claim_idle_ms
-        self._interval_s = interval_s
-        self._backoff = backoff or Backoff("reclaimer", log, critical=False)
+        self._now_ms = context.clock.now_ms
+        self._metrics = context.metrics
+        self._max_deliveries = s.max_deliveries
+        self._claim_idle_ms = s.claim_idle_ms
+        self._interval_s = max(MIN_INTERVAL_S, s.claim_idle_ms / 1000 / 4)
+        self._backoff = context.loops.backoff("reclaimer", critical=False)
+        self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
         self.reclaimed = 0
         self.renewed = 0
-        self.pruned = 0
         self._ticks = 0
 
     async def run(self) -> None:
@@ -199,21 +164,9 @@ class Reclaimer:
         self._intake.accept(stream, claimed, deliveries=times)
 
     async def trim(self, stream: str) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        pipe.xinfo_groups(stream)
-        pipe.xpending(stream, GROUP)
-        try:
-            groups, pending = await pipe.execute()
-        except ResponseError:
-            return  # no stream or no group yet: nothing was ever delivered
-        group = next((g for g in groups if text(g["name"]) == GROUP), None)
-        if group is None:
-            return
-        delivered = text(group["last-delivered-id"])
-        if delivered == "0-0":
-            return
-        floor = text(pending["min"]) if pending["pending"] else next_id(delivered)
-        await self._redis.xtrim(stream, minid=floor, approximate=False)
+        """The writer's trim (``consumer.trim``): below the oldest entry pending, never past the
+        last delivered; nothing when there is no stream or group."""
+        await self._trim(keys=[stream], args=[GROUP])
 
     async def prune(self, stream: str) -> None:
         try:
@@ -227,5 +180,4 @@ class Reclaimer:
             if name in alive or c["pending"] or c["idle"] < 10 * self._claim_idle_ms:
                 continue
             await self._redis.xgroup_delconsumer(stream, GROUP, name)
-            self.pruned += 1
             log.info("removed a gone worker's consumer", stream=stream, consumer=name)

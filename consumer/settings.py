@@ -1,6 +1,6 @@
 """Worker settings: one frozen object, built by the CLI from flags and ``INFERQ_*`` variables.
 
-Each user-settable field declares its flag, variable and help here, once (``runtime.options``);
+Each user-settable field declares its flag, variable and help here, once (``protocol.options``);
 the ``inferq`` parsers and ``inferq up``'s forwarding derive from these declarations.
 """
 
@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from runtime.argtypes import non_negative_float, positive_int
-from runtime.options import option
+from protocol.argtypes import non_negative_float, positive_int
+from protocol.options import option
 from runtime.settings import ConnectionSettings
 
 DEFAULT_METRICS_PORT = 9100

@@ -1,22 +1,12 @@
-"""Acknowledged entries leave their stream within ``TRIM_INTERVAL_S``: a trim rides with the
-XACKs, at most every ``TRIM_INTERVAL_S`` per stream.
+"""Trimming request streams: one rule, ``TRIM_SCRIPT``, run by the writer after its XACKs and by
+the reclaimer's housekeeping; and ``TrimSchedule``, when the writer runs it.
 
-A request's payload is of no use once its result is stored and its entry acknowledged, yet the
-reclaimer's trim (``consumer.reclaimer``) runs only every few seconds to minutes, so a 64 MiB
-request sat in Redis that long. ``TRIM_SCRIPT`` runs in the writer's pipeline right after the
-XACKs and applies the reclaimer's rule: ``XTRIM MINID`` below the oldest entry still pending,
-never past the group's last-delivered id. Only a prefix of the stream goes, never an entry in
-the middle: ``XDEL`` of acknowledged entries would free them even behind an older entry still
-running, but leaves tombstones that make Redis 7.0 report the group's lag as unknown (nil) for as
-long as that older entry remains, and the lag is what admission, ``inferq lag`` and KEDA read.
-So an acknowledged entry behind an older one still pending leaves with the next trim after that
-one is acknowledged.
-
-A trim costs four commands (the script, ``XPENDING``, ``XINFO`` or ``XTRIM``, and redis-py's
-``SCRIPT EXISTS`` before a pipeline with a script), more than a request's own under load, so
-``TrimSchedule`` lets it ride with a stream's XACK only if that stream was not trimmed in the last
-``TRIM_INTERVAL_S``; an ack that comes sooner leaves the stream due for a trim at the end of the
-interval, which the writer sends then, with whatever it is writing or alone.
+The rule: ``XTRIM MINID`` below the oldest entry still pending, never past the group's
+last-delivered id, so only a prefix that was delivered and acknowledged ever goes (``XDEL``
+would leave tombstones that make Redis 7.0 report the group's lag as unknown). A trim costs more
+commands than a request's own, so it rides with a stream's XACK only if that stream was not
+trimmed in the last ``TRIM_INTERVAL_S``; otherwise it goes at the end of the interval. Why:
+ARCHITECTURE.md, "Writing results".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
-"""The worker process: reads a consumer group, forms batches, runs models, publishes results.
+"""The worker process: reads its models' request streams in a consumer group, forms batches,
+runs the models, stores the results, and only then acknowledges.
 
-Its parts, each in its own module, all owned here (started in ``start``, stopped in ``stop``):
-- the reader (``reader.py``): one ``XREADGROUP`` over every stream of every served model (on a
-  Redis Cluster, one per model partition), and the intake that queues what it reads;
-- one dispatcher per model (``dispatcher.py``): forms batches and runs them on the model's own
-  thread, so the event loop keeps reading (a quick model's on the loop: ``inline.py``);
-- the writer (``writer.py``): pipelines results, replies and job transitions, then the XACKs;
-- the ledger (``ledger.py``): every entry held, and how far it got; acks only what is stored;
-- the reclaimer (``reclaimer.py``): renews long-running entries, takes over a dead worker's;
-- the advertiser (``advertiser.py``): heartbeat, model metadata, Redis's eviction policy;
-- model control (``control.py``): loads and switches versions on the control plane's commands.
-
-Every loop survives Redis errors with backoff (``runtime.loops``). A loop that ends any other way
-is a bug: the worker stops, and ``run`` raises ``LoopCrashed`` so the process exits non-zero and
-its supervisor restarts it.
+``Worker`` owns every part (started in ``start``, stopped in ``stop``); the parts share one
+``WorkerContext``. How they fit together: ARCHITECTURE.md, "The worker". Every loop survives
+Redis errors with backoff; one that ends any other way is a bug, so the worker stops and ``run``
+raises ``LoopCrashed`` for the process to exit non-zero and its supervisor to restart it.
 """
 
 from __future__ import annotations
@@ -29,6 +20,7 @@ from redis.commands.core import AsyncScript
 
 from consumer.advertiser import Advertiser
 from consumer.backends import BackendError
+from consumer.context import WorkerContext
 from consumer.control import ModelControl
 from consumer.dispatcher import Dispatcher
 from consumer.ledger import Ledger
@@ -91,6 +83,8 @@ class Worker:
         self.cluster = False
         """Serving from a Redis Cluster (asked of the server at start)."""
         self._control_reader: aioredis.Redis | None = None
+        self.context: WorkerContext | None = None
+        """What every part shares (built at start, once Redis is connected)."""
         self.control: ModelControl | None = None
         self._writer: ResultWriter | None = None
         self._reader: Reader | None = None
@@ -132,6 +126,7 @@ class Worker:
         redis = await self._connect()
         await self.clock.sync(redis)
         await self.eviction.refresh(redis)
+        self.context = self._build_context(redis)
         self.control = self._model_control(redis)
         # Before loading: a model an administrator changed is served as committed, not as the
         # repository config says.
@@ -219,21 +214,36 @@ class Worker:
             for tag, streams in tagged.items()
         ]
 
-    def _model_control(self, redis: aioredis.Redis) -> ModelControl:
-        s = self.settings
-        assert self._control_reader is not None
-        return ModelControl(
-            worker_id=self.id,
-            redis=redis,
-            reader=self._control_reader,
+    def _build_context(self, redis: aioredis.Redis) -> WorkerContext:
+        """The writer, where every part's outcomes go, and the context every part takes."""
+        self._transition: AsyncScript = redis.register_script(TRANSITION_SCRIPT)
+        self._writer = ResultWriter(
+            redis,
+            self.ledger,
+            metrics=self.metrics,
+            job_events=self.keys.job_events,
+            transition=self._transition,
+            backoff=self.loops.backoff("writer"),
+            tracer=self.tracer,
+        )
+        return WorkerContext(
+            settings=self.settings,
             keys=self.keys,
-            repository=s.model_repository,
-            models=self.slots,
-            now_ms=self.clock.now_ms,
-            republish=self._republish,
-            block_ms=s.block_ms,
-            retire_after_s=s.retire_after_s,
-            backoff=self.loops.backoff("control", critical=False),
+            clock=self.clock,
+            slots=self.slots,
+            ledger=self.ledger,
+            outcomes=Outcomes(self.keys, self.clock.now_ms, self.id),
+            put=self._writer.put,
+            metrics=self.metrics,
+            stats=self.stats,
+            loops=self.loops,
+            tracer=self.tracer if self.tracer.enabled else None,
+        )
+
+    def _model_control(self, redis: aioredis.Redis) -> ModelControl:
+        assert self.context is not None and self._control_reader is not None
+        return ModelControl(
+            self.context, redis=redis, reader=self._control_reader, republish=self._republish
         )
 
     async def _load_models(
@@ -275,80 +285,21 @@ class Worker:
             ) from e
 
     def _build_parts(self, redis: aioredis.Redis) -> None:
-        """The writer, reader, advertiser and reclaimer, wired to each other's narrow faces."""
-        s = self.settings
-        self._transition: AsyncScript = redis.register_script(TRANSITION_SCRIPT)
-        self._outcomes = Outcomes(self.keys, self.clock.now_ms, self.id)
-        self._writer = ResultWriter(
-            redis,
-            self.ledger,
-            metrics=self.metrics,
-            job_events=self.keys.job_events,
-            transition=self._transition,
-            backoff=self.loops.backoff("writer"),
-            tracer=self.tracer,
-        )
-        self._reader = Reader(
-            consumer=self.id,
-            redis=redis,
-            groups=self._read_groups(),
-            keys=self.keys,
-            slots=self.slots,
-            ledger=self.ledger,
-            outcomes=self._outcomes,
-            put=self._writer.put,
-            clock=self.clock,
-            metrics=self.metrics,
-            stats=self.stats,
-            loops=self.loops,
-            block_ms=s.block_ms,
-            max_deliveries=s.max_deliveries,
-        )
-        self._advertiser = Advertiser(
-            redis,
-            self.keys,
-            self._info(),
-            self.clock,
-            interval_s=s.heartbeat_s,
-            ttl_s=s.worker_ttl_s,
-            eviction=self.eviction,
-            backoff=self.loops.backoff("heartbeat", critical=False),
-        )
-        self.reclaimer = Reclaimer(
-            redis,
-            consumer=self.id,
-            keys=self.keys,
-            slots=self.slots,
-            ledger=self.ledger,
-            intake=self._reader,
-            now_ms=self.clock.now_ms,
-            metrics=self.metrics,
-            max_deliveries=s.max_deliveries,
-            claim_idle_ms=s.claim_idle_ms,
-            interval_s=max(0.05, s.claim_idle_ms / 1000 / 4),
-            backoff=self.loops.backoff("reclaimer", critical=False),
-        )
+        """The reader, advertiser and reclaimer, wired to each other's narrow faces."""
+        assert self.context is not None
+        self._reader = Reader(self.context, redis, self._read_groups())
+        self._advertiser = Advertiser(self.context, redis, self._info(), self.eviction)
+        self.reclaimer = Reclaimer(self.context, redis, self._reader)
 
     def _dispatcher(self, slot: ModelSlot) -> Dispatcher:
-        assert self._writer is not None and self._reader is not None
-        reader = self._reader
+        assert self.context is not None and self._reader is not None
         assert self._redis is not None
         return Dispatcher(
+            self.context,
             slot,
             redis=self._redis,
-            worker_id=self.id,
-            keys=self.keys,
-            ledger=self.ledger,
-            outcomes=self._outcomes,
-            put=self._writer.put,
             transition=self._transition,
-            now_ms=self.clock.now_ms,
-            wake_reader=reader.wake,
-            draining=lambda: reader.draining,
-            metrics=self.metrics,
-            stats=self.stats,
-            backoff=self.loops.backoff(f"dispatch-{slot.model.name}"),
-            tracer=self.tracer,
+            reader=self._reader,
         )
 
     def _start_loops(self) -> None:
@@ -387,8 +338,7 @@ class Worker:
         if self._control_reader is not None:
             await self._control_reader.aclose()
         for slot in self.slots.values():
-            slot.executor.shutdown(wait=True)
-            slot.model.unload()
+            slot.close()
         if self._metrics_server is not None:
             await asyncio.to_thread(self._metrics_server.stop)
         log.info(
@@ -429,7 +379,7 @@ class Worker:
         if self._reader is not None:
             self._reader.draining = True
         for slot in self.slots.values():
-            slot.changed.set()
-        await asyncio.gather(*(slot.idle.wait() for slot in self.slots.values()))
+            slot.notify()
+        await asyncio.gather(*(slot.wait_idle() for slot in self.slots.values()))
         if self._writer is not None:
             await self._writer.drain()

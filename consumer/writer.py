@@ -1,28 +1,12 @@
-"""Publishes results: one pipeline per flush for every finished request, then the acks.
+"""Publishes results: one pipeline per flush stores what every finished entry needs
+(``consumer.outgoing``), checks every reply, then acknowledges.
 
-For each request: ``XADD reply_to NOMKSTREAM`` to wake the waiting gateway (NOMKSTREAM: a gateway
-that has gone away must not get its stream recreated), ``SET result_key payload PX ttl NX`` where
-the result is kept (a cache entry, a result nobody waits on a reply stream for; written only if
-absent, so a redelivered entry never overwrites it), the job record's transition, or the dead
-letter. An uncached synchronous result is written once, to the reply stream; only when that
-stream is missing (the XADD answers nil) is it stored in its result key, in a step of its own
-before the ack, for the gateway's loss sweep to find (``consumer.outgoing``). Flushes coalesce:
-results finished while one pipeline is in flight go out together in the next.
-
-Acknowledged entries leave their stream within ``TRIM_INTERVAL_S`` (0.5 s): a trim
-(``consumer.trim``) rides with a stream's XACK unless that stream was trimmed less than an
-interval ago; then it goes at the end of the interval, with the next flush or alone, and at
-once on shutdown (``drain``).
-
-Nothing is acknowledged that is not stored. Every reply of the pipeline is checked: a step Redis
-refused (out of memory, READONLY, MOVED, TRYAGAIN, a lost connection) is retried, alone, with
-backoff, and the entry stays pending meanwhile; steps that succeeded are not repeated. Only when
-all of an entry's steps are stored does the ledger let it be acknowledged. Acks wait up to
-``ack_delay_s`` (10 ms) or until ``ACK_BATCH`` have gathered, then ride along with the next
-flush's writes, or go alone. A step refused for good (not one of the transient faults) is tried
-``MAX_PERMANENT_TRIES`` times, then the entry is let go unacknowledged: it stays pending, another
-worker reclaims it, and after ``--max-deliveries`` it is dead-lettered. Every refusal is counted
-in ``inferq_worker_write_failures_total``.
+Nothing is acknowledged that is not stored (the ledger refuses it): a step Redis refused is
+retried alone, with backoff, while its entry stays pending; one refused for good
+``MAX_PERMANENT_TRIES`` times is let go unacknowledged, for another worker to reclaim. Acks wait
+up to ``ack_delay_s`` or ``ACK_BATCH`` entries and ride with the next flush, and a stream's trim
+(``consumer.trim``) with its XACK at most every ``TRIM_INTERVAL_S``. Every refusal is counted in
+``inferq_worker_write_failures_total``. More: ARCHITECTURE.md, "Writing results".
 """
 
 from __future__ import annotations
@@ -99,7 +83,6 @@ class ResultWriter:
         self._ready = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
-        self.flushes = 0
         self.failures = 0
         """Steps Redis refused (each is retried)."""
 
@@ -196,7 +179,6 @@ class ResultWriter:
             if not self._draining:
                 self._trims.failed(trims, now)
             raise
-        self.flushes += 1
         refused = self._check_steps(steps, replies)
         self._check_acks(by_stream, replies[acked_at:trimmed_at])
         self._check_trims(trims, replies[trimmed_at:], now)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -22,12 +21,8 @@ from consumer.settings import WorkerSettings
 from inferq.gateways import FleetSettings
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
-from runtime.loops import EXIT_LOOP_FAILED
-from runtime.options import add_flags, from_args
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_FAILED = 1
+from protocol.exits import EXIT_FAILED, EXIT_LOOP_FAILED, EXIT_OK, EXIT_USAGE, StopSignals
+from protocol.options import add_flags, from_args
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -139,20 +134,12 @@ def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ
     settings: WorkerSettings = from_args(WorkerSettings, args)
     worker = Worker(settings)
 
+    # A second signal forces exit, as promised in --help: no drain, no cleanup.
+    signals = StopSignals(on_stop=worker.request_stop, on_force=lambda: os._exit(EXIT_FAILED))
+
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        signals = 0
-
-        def on_signal() -> None:
-            nonlocal signals
-            signals += 1
-            if signals > 1:
-                os._exit(EXIT_FAILED)  # a second signal forces exit, as promised in --help
-            worker.request_stop()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
-        await worker.run()
+        with signals.installed_on(asyncio.get_running_loop()):
+            await worker.run()
 
     try:
         _run(main())

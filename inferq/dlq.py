@@ -20,14 +20,11 @@ import redis
 
 from protocol import ProtocolError
 from protocol.deadline import deadline_after
+from protocol.exits import EXIT_NOT_FOUND, EXIT_OK, EXIT_REDIS
 from protocol.keys import Keys
 from protocol.messages import FIELD, DeadLetter, InferRequest
 from runtime.connections import RedisSettings, redact, resolve_sync, sync_client
 from runtime.settings import connection_flags
-
-EXIT_OK = 0
-EXIT_NOT_FOUND = 1
-EXIT_REDIS = 4
 
 
 def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:

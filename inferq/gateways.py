@@ -25,17 +25,15 @@ import structlog
 from inferq.supervisor import (
     ChildSpec,
     EventLog,
-    StopSignals,
     Supervisor,
     spawn_inferq,
     supervise,
 )
 from producer.settings import GatewaySettings
-from runtime.argtypes import positive_int
-from runtime.options import forward_argv, option
+from protocol.argtypes import positive_int
+from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
+from protocol.options import forward_argv, option
 
-EXIT_OK = 0
-EXIT_FAILED = 1
 STOP_TIMEOUT_S = 15.0
 """How long a gateway may take to finish the requests it holds (uvicorn's graceful shutdown is
 10 s) before it is killed."""

@@ -1,36 +1,27 @@
 """``inferq lag``: the backlog of every model's request streams, like
-``kafka-consumer-groups --describe``.
+``kafka-consumer-groups --describe``. ``runtime.lag.collect`` reads it; this module is the one
+that formats it (the table, the JSON document, the notes and warnings) and runs the command.
 
 One row per model and lane (``{ns}:stream:{model}:{high|normal|low}``, consumer group
-``workers``):
+``workers``), and per partition with a total row where a model has several:
 
 - LENGTH: ``XLEN``, every entry still in the stream, read or not (workers trim what was
   delivered and acknowledged).
-- LAG: entries no worker has read yet. Redis 7 reports it in ``XINFO GROUPS`` (``lag``); Redis
-  returns no figure when entries were deleted in the range it would count, and then the figure is
-  worked out another way and marked estimated (see ``LagSource``).
-- PENDING: entries read by a worker and not yet acknowledged (``XPENDING`` summary): queued in a
-  worker's batcher, running, being written, or held by a worker that died.
+- LAG: entries no worker has read yet (``XINFO GROUPS``); ``~`` marks a figure Redis could not
+  give and that was worked out another way (``runtime.lag.LagSource``).
+- PENDING: entries read by a worker and not yet acknowledged: queued in a worker's batcher,
+  running, being written, or held by a worker that died.
 - BACKLOG: LAG + PENDING, the work still to do. ``--fail-above N`` exits with ``EXIT_BACKLOG`` (3)
   when any model's backlog, summed over its lanes, is above N.
-- CONSUMERS: live workers in the group: consumers listed by ``XINFO CONSUMERS`` whose heartbeat
-  in ``{ns}:workers`` has not expired. (Consumers of workers that are gone stay in the group
-  until pruned; the JSON output counts them in ``consumers_registered``.)
-- OLDEST-PENDING: how long ago the oldest pending entry was enqueued (stream ids are Redis-clock
-  milliseconds; compared with ``TIME`` in the same round trip).
+- CONSUMERS: live workers in the group (heartbeat current; the JSON output also counts the
+  consumers of gone workers, ``consumers_registered``).
+- OLDEST-PENDING: how long ago the oldest pending entry was enqueued (Redis clock).
 - DRAIN/s and ETA: from two samples (``DrainEstimator``): entries the group read per second, and
   the backlog divided by how fast it shrinks (reads minus arrivals).
-
-Models come from the ``{ns}:models`` hash (every model a worker ever served) and, unless
-``scan=False``, from a ``SCAN`` for ``{ns}:stream:*`` keys. One collection costs two or three
-round trips: discovery, one pipeline of ``TIME``, the workers zset and four commands per stream,
-and ``XINFO STREAM`` only for streams whose lag Redis could not give.
 
 Above the table, a warning when Redis's ``maxmemory-policy`` may evict inferq's keys (any
 ``allkeys-*`` or ``volatile-*``: accepted requests, job records and results can vanish); the JSON
 output carries the policy under ``redis``.
-
-This module also holds the subcommand (``add_parser`` and ``run``); ``inferq.cli`` registers it.
 """
 
 from __future__ import annotations
@@ -39,33 +30,18 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from redis.exceptions import RedisError
 
+from protocol.argtypes import non_negative_float, non_negative_int, positive_float
+from protocol.exits import EXIT_BACKLOG, EXIT_OK, EXIT_REDIS, EXIT_USAGE
 from protocol.keys import GROUP, Keys, Lane
-from runtime.argtypes import non_negative_float, non_negative_int, positive_float
 from runtime.eviction import is_evicting, read_policy, warning
-from runtime.lag import (
-    Drain,
-    DrainEstimator,
-    LagError,
-    LaneLag,
-    above,
-    by_model,
-    collect,
-    dead_letters,
-)
+from runtime.lag import Backlog, Drain, DrainEstimator, LagError, LaneLag, collect
 from runtime.settings import connection_flags
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_BACKLOG = 3
-"""``--fail-above N``: some model's backlog (lag + pending over its lanes) is above N."""
-EXIT_REDIS = 4
-"""Redis unreachable or refused a command (the same status as ``inferq dlq``)."""
 
 DEFAULT_SAMPLE_S = 1.0
 
@@ -107,9 +83,8 @@ COLUMNS = (
 
 def render_table(
     namespace: str,
-    lanes: Sequence[LaneLag],
+    backlog: Backlog,
     drains: Mapping[tuple[str, Lane, int], Drain],
-    dlq: Mapping[str, int],
     *,
     threshold: int | None = None,
     policy: str | None = None,
@@ -118,6 +93,7 @@ def render_table(
     total row per model, when a model has several), then notes (and a warning first when
     Redis's ``maxmemory-policy`` may evict inferq's keys)."""
     alarm = f"WARNING: {warning(policy)}\n" if policy and is_evicting(policy) else ""
+    lanes = backlog.lanes
     if not lanes:
         return alarm + (
             f"no models in namespace '{namespace}' (no {namespace}:models hash and no "
@@ -126,7 +102,7 @@ def render_table(
     partitioned = {lane.model for lane in lanes if lane.partition > 0}
     columns: tuple[str, ...] = COLUMNS if not partitioned else (COLUMNS[0], "PART", *COLUMNS[1:])
     rows: list[tuple[str, ...]] = [columns]
-    totals = {m.model: m for m in by_model(lanes, dlq)}
+    totals = backlog.by_model()
     for i, lane in enumerate(lanes):
         drain = drains.get((lane.model, lane.lane, lane.partition))
         row: tuple[str, ...] = (
@@ -149,7 +125,7 @@ def render_table(
             m = totals[lane.model]
             rows.append(
                 (
-                    m.model,
+                    lane.model,
                     "all",
                     "total",
                     str(m.length),
@@ -186,15 +162,16 @@ def render_table(
             "~ lag estimated (Redis gave none: entries were deleted mid-stream): "
             + ", ".join(estimated)
         )
-    letters = {m: n for m, n in dlq.items() if n}
+    letters = {m: n for m, n in backlog.dead_letters.items() if n}
     if letters:
         notes.append(
             "dead letters: "
             + ", ".join(f"{m} {n} ({Keys(namespace).dlq(m)})" for m, n in letters.items())
         )
-    for m in above(by_model(lanes, dlq), threshold):
+    for model in backlog.above(threshold):
+        m = totals[model]
         notes.append(
-            f"backlog above {threshold}: {m.model} has {m.backlog} "
+            f"backlog above {threshold}: {model} has {m.backlog} "
             f"(lag {m.lag} + pending {m.pending})"
         )
     return alarm + "\n".join([head, *lines, *notes]) + "\n"
@@ -202,17 +179,15 @@ def render_table(
 
 def to_json(
     namespace: str,
-    lanes: Sequence[LaneLag],
+    backlog: Backlog,
     drains: Mapping[tuple[str, Lane, int], Drain],
-    dlq: Mapping[str, int],
     *,
     threshold: int | None = None,
     policy: str | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` document (one per refresh, one line each with ``--watch``)."""
-    models = by_model(lanes, dlq)
     out_lanes = []
-    for lane in lanes:
+    for lane in backlog.lanes:
         drain = drains.get((lane.model, lane.lane, lane.partition))
         out_lanes.append(
             {
@@ -238,11 +213,11 @@ def to_json(
     return {
         "namespace": namespace,
         "group": GROUP,
-        "redis_time_ms": lanes[0].sampled_ms if lanes else None,
+        "redis_time_ms": backlog.sampled_ms,
         "lanes": out_lanes,
         "models": [
             {
-                "model": m.model,
+                "model": model,
                 "length": m.length,
                 "lag": m.lag,
                 "lag_exact": m.lag_exact,
@@ -250,12 +225,12 @@ def to_json(
                 "backlog": m.backlog,
                 "consumers": m.consumers,
                 "oldest_pending_ms": m.oldest_pending_ms,
-                "dead_letters": m.dead_letters,
+                "dead_letters": backlog.dead_letters.get(model, 0),
             }
-            for m in models
+            for model, m in backlog.by_model().items()
         ],
         "fail_above": threshold,
-        "above": [m.model for m in above(models, threshold)],
+        "above": backlog.above(threshold),
         "redis": {
             "maxmemory_policy": policy,
             "evicting": bool(policy and is_evicting(policy)),
@@ -338,36 +313,29 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
     status = EXIT_OK
     try:
         while True:
-            lanes = await collect(client, keys)
-            drains = estimator.update(lanes)
-            if not args.watch and args.sample_s > 0 and lanes:
+            backlog = await collect(client, keys)
+            drains = estimator.update(backlog.lanes)
+            if not args.watch and args.sample_s > 0 and backlog.lanes:
                 await asyncio.sleep(args.sample_s)
-                partitions: dict[str, int] = {}
-                for r in lanes:
-                    partitions[r.model] = max(partitions.get(r.model, 1), r.partition + 1)
-                lanes = await collect(client, keys, models=partitions)
-                drains = estimator.update(lanes)
-            dlq = await dead_letters(client, keys, (r.model for r in lanes))
+                backlog = await collect(client, keys, models=backlog.partitions)
+                drains = estimator.update(backlog.lanes)
             policy = await read_policy(client)
+            view = {"threshold": args.fail_above, "policy": policy}
             if args.json:
-                doc = to_json(
-                    args.namespace, lanes, drains, dlq, threshold=args.fail_above, policy=policy
-                )
+                doc = to_json(args.namespace, backlog, drains, **view)
                 out.write(json.dumps(doc, separators=(",", ":")) + "\n")
             else:
-                table = render_table(
-                    args.namespace, lanes, drains, dlq, threshold=args.fail_above, policy=policy
-                )
+                table = render_table(args.namespace, backlog, drains, **view)
                 out.write(("\x1b[H\x1b[2J" if interactive else "") + table)
                 if args.watch and not interactive:
                     out.write("\n")
             out.flush()
-            if not lanes:
+            if not backlog.lanes:
                 print(
                     f"inferq lag: no models found in namespace '{args.namespace}'",
                     file=sys.stderr,
                 )
-            if above(by_model(lanes, dlq), args.fail_above):
+            if backlog.above(args.fail_above):
                 status = EXIT_BACKLOG
             refreshes += 1
             if not args.watch or (args.count and refreshes >= args.count):

@@ -21,13 +21,10 @@ import redis
 
 from producer.registry import ModelEntry, merge, parse_snapshot, queue_snapshot, status_lines
 from protocol.control import LoadReport
+from protocol.exits import EXIT_NOT_FOUND, EXIT_OK, EXIT_REDIS
 from protocol.keys import Keys
 from runtime.connections import RedisSettings, redact, resolve_sync, sync_client
 from runtime.settings import connection_flags
-
-EXIT_OK = 0
-EXIT_NOT_FOUND = 1
-EXIT_REDIS = 4
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from consumer.settings import WorkerSettings
-from runtime.options import add_flags
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_FAILED = 1
+from protocol.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from protocol.options import add_flags
 
 
 def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:

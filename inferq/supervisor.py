@@ -20,13 +20,11 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-EXIT_USAGE = 2
-"""A child's exit code for a configuration error that no restart can fix (argparse's, too)."""
+from protocol.exits import EXIT_USAGE
 
 
 @dataclass(frozen=True)
@@ -361,28 +359,3 @@ def spawn_inferq(spec: ChildSpec) -> subprocess.Popen[bytes]:
         env=env,
         pass_fds=spec.pass_fds,
     )
-
-
-class StopSignals:
-    """SIGINT and SIGTERM set ``stop``; a second one also sets ``force``. Signals only set
-    flags: the supervisor's loop does the work."""
-
-    def __init__(self) -> None:
-        self.stop = threading.Event()
-        self.force = threading.Event()
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.stop.is_set():
-            self.force.set()
-        self.stop.set()
-
-    @contextmanager
-    def installed(self) -> Iterator[StopSignals]:
-        # signal.signal, not loop.add_signal_handler: there is no event loop here, and the
-        # previous handlers come back afterwards (tests run this in-process).
-        previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)

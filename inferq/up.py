@@ -33,14 +33,13 @@ from consumer.settings import WorkerSettings
 from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
 from inferq.gateways import ListenError, bind_listeners, gateway_specs
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
-from inferq.supervisor import ChildSpec, EventLog, StopSignals, Supervisor, spawn_inferq, supervise
-from runtime.argtypes import positive_int
+from inferq.supervisor import ChildSpec, EventLog, Supervisor, spawn_inferq, supervise
+from protocol.argtypes import positive_int
+from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
+from protocol.options import forward_argv, option
 from runtime.connections import redact
 from runtime.logging import configure
-from runtime.options import forward_argv, option
 
-EXIT_OK = 0
-EXIT_FAILED = 1
 READY_TIMEOUT_S = 60.0
 
 log = structlog.get_logger("inferq.up")

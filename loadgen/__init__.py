@@ -20,7 +20,7 @@ Modules:
 * :mod:`loadgen.report` — the self-contained HTML report; :mod:`loadgen.charts` — its charts and
   the PNG, drawn with matplotlib when the ``inferq[charts]`` extra is installed;
 * :mod:`loadgen.cli` — ``inferq loadgen`` (``python -m loadgen``), its flags in
-  :mod:`loadgen.flags`;
+  :mod:`loadgen.settings`;
 * ``loadgen/locustfile.py`` — the same workloads for Locust users (``inferq[locust]``).
 """
 

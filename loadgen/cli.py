@@ -1,12 +1,13 @@
 """``inferq loadgen``: load any Open Inference Protocol (KServe V2) endpoint and report.
 
 ``inferq`` registers this module's :func:`add_parser` and :func:`run`; ``python -m loadgen``
-runs the same command on its own (:func:`main`).  The flags, their defaults and their
-``INFERQ_LOADGEN_*`` variables are declared in :mod:`loadgen.flags`.
+runs the same command on its own (:func:`main`). The flags, their defaults and their
+``INFERQ_LOADGEN_*`` variables are declared once, in :class:`loadgen.settings.LoadgenSettings`;
+:func:`run` builds that frozen object from the parsed arguments and passes it down.
 
 Only the URL given on the command line may point at another host: a URL from the environment
 or the default must be loopback, so nothing is ever sent off the machine without being asked
-for in the command itself.  Nothing is scanned or discovered.
+for in the command itself. Nothing is scanned or discovered.
 """
 
 from __future__ import annotations
@@ -14,29 +15,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import json
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from loadgen.closed import run_closed_loop
-from loadgen.flags import (
-    DEFAULT_CONCURRENCY,
-    DEFAULT_DURATION_S,
-    DEFAULT_GRPC_URL,
-    DEFAULT_MODEL,
-    DEFAULT_URL,
-    EXAMPLES,
-    EXIT_FAILED,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    EXIT_USAGE,
-    METADATA_TIMEOUT_S,
-    add_arguments,
-)
 from loadgen.grpc_client import GrpcConnection, GrpcTargetError, grpc_operation, grpc_requests
 from loadgen.http import HTTPClientError, HTTPConnection, parse_url
 from loadgen.http import run as run_loop
@@ -54,8 +41,40 @@ from loadgen.progress import Progress
 from loadgen.recorder import Recorder
 from loadgen.result import LoadResult
 from loadgen.schedule import RateSchedule
+from loadgen.settings import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_DURATION_S,
+    DEFAULT_GRPC_URL,
+    DEFAULT_MODEL,
+    DEFAULT_URL,
+    LoadgenSettings,
+)
+from protocol.exits import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, StopSignals
+from protocol.options import add_flags, from_args
 
 __all__ = ["add_arguments", "add_parser", "main", "run"]
+
+METADATA_TIMEOUT_S = 10.0
+
+EXAMPLES = """\
+examples:
+  inferq loadgen --model digits -c 64 -d 10s               closed loop, 64 connections
+  inferq loadgen --model digits --rate 500 --binary         open loop, Poisson 500 req/s
+  inferq loadgen --rate 100:1000:10s -d 20s --report r.html ramp 100 -> 1000 req/s, hold
+  inferq loadgen --model digits --jobs --rate 50            async jobs: submit, then poll
+  inferq loadgen --url http://10.0.0.5:8000/v2/models/m --input-file body.json --json -
+
+--rate takes RATE, RATE:DURATION or FROM:TO:DURATION segments separated by commas; after the
+last segment the rate holds at its final value. `--rate 100:1000:10s` ramps linearly from 100
+to 1,000 req/s over the first 10 s of measurement, then holds 1,000 req/s until --duration ends
+(--duration defaults to the schedule's length, else 10 s). Warm-up runs at the first rate.
+Open-loop latency counts from each request's intended send time (coordinated omission).
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+    """Every flag of the command, on ``parser``: derived from ``LoadgenSettings``."""
+    add_flags(parser, environ, LoadgenSettings)
 
 
 def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
@@ -83,43 +102,20 @@ class TargetError(Exception):
     """The target could not be prepared for (its metadata unreachable...): exit 1."""
 
 
-def is_loopback(host: str) -> bool:
-    """``localhost`` or a loopback IP literal (no name resolution)."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
+def resolve_url(settings: LoadgenSettings) -> str:
+    """The URL to load: ``--url`` (or a loopback one from the environment), else the default."""
+    if settings.url:
+        parse_url(settings.url)
+        return settings.url
+    return DEFAULT_GRPC_URL if settings.protocol == "grpc" else DEFAULT_URL
 
 
-def resolve_url(args: argparse.Namespace) -> str:
-    """The URL to load: ``--url`` (any host), else the environment's or the default (loopback
-    only)."""
-    if args.url:
-        parse_url(args.url)
-        return str(args.url)
-    default = DEFAULT_GRPC_URL if getattr(args, "protocol", "http") == "grpc" else DEFAULT_URL
-    url = getattr(args, "env_url", None) or default
-    host = parse_url(url).host
-    if not is_loopback(host):
-        raise UsageError(
-            f"refusing to send load to {host} from INFERQ_LOADGEN_URL: only loopback hosts are "
-            "taken from the environment; pass --url to load another host"
-        )
-    return url
-
-
-def _mode(args: argparse.Namespace) -> tuple[RateSchedule | None, int]:
-    """(open-loop schedule or None, closed-loop concurrency): the command line wins over the
-    environment, and --rate over --concurrency within each."""
-    if args.rate is not None:
-        return args.rate, 0
-    if args.concurrency is not None:
-        return None, args.concurrency
-    if getattr(args, "env_rate", None) is not None:
-        return args.env_rate, 0
-    return None, getattr(args, "env_concurrency", None) or DEFAULT_CONCURRENCY
+def _mode(settings: LoadgenSettings) -> tuple[RateSchedule | None, int]:
+    """(open-loop schedule or None, closed-loop concurrency); --rate over --concurrency when
+    both come from the environment (on the command line they exclude each other)."""
+    if settings.rate is not None:
+        return settings.rate, 0
+    return None, settings.concurrency or DEFAULT_CONCURRENCY
 
 
 async def fetch_metadata(ref: ModelRef, timeout_s: float = METADATA_TIMEOUT_S) -> Any:
@@ -149,27 +145,27 @@ def read_input_file(path: Path) -> Any:
 
 
 async def _bodies(
-    args: argparse.Namespace, ref: ModelRef, document: Any
+    settings: LoadgenSettings, ref: ModelRef, document: Any
 ) -> list[tuple[bytes, dict[str, str]]]:
-    params = dict(args.param)
+    params = dict(settings.param)
     if document is not None:
-        return bodies_from_file(document, binary=args.binary, parameters=params)
+        return bodies_from_file(document, binary=settings.binary, parameters=params)
     return generated_bodies(
         await fetch_metadata(ref),
-        count=args.distinct,
-        rows=args.rows,
-        seed=args.seed,
-        binary=args.binary,
+        count=settings.distinct,
+        rows=settings.rows,
+        seed=settings.seed,
+        binary=settings.binary,
         parameters=params,
-        overrides=dict(args.shape),
+        overrides=dict(settings.shape),
     )
 
 
 async def _grpc_workload(
-    args: argparse.Namespace, ref: ModelRef, document: Any, headers: Mapping[str, str]
+    settings: LoadgenSettings, ref: ModelRef, document: Any, headers: Mapping[str, str]
 ) -> tuple[None, Any, Callable[[], Any]]:
     """The gRPC run's operation and connection factory (it sends no HTTP requests)."""
-    if args.jobs:
+    if settings.jobs:
         raise UsageError("--jobs needs --protocol http: async jobs are an HTTP API")
     url = parse_url(ref.url())
     target = f"{url.host}:{url.port}"
@@ -179,11 +175,11 @@ async def _grpc_workload(
             ref.model or DEFAULT_MODEL,
             ref.version,
             document=document,
-            parameters=dict(args.param),
-            rows=args.rows,
-            distinct=args.distinct,
-            seed=args.seed,
-            shapes=dict(args.shape),
+            parameters=dict(settings.param),
+            rows=settings.rows,
+            distinct=settings.distinct,
+            seed=settings.seed,
+            shapes=dict(settings.shape),
             timeout_s=METADATA_TIMEOUT_S,
         )
     except GrpcTargetError as exc:
@@ -196,83 +192,80 @@ async def _grpc_workload(
     )
 
 
-def config_of(args: argparse.Namespace, url: str, ref: ModelRef) -> dict[str, Any]:
+def config_of(settings: LoadgenSettings, url: str, ref: ModelRef) -> dict[str, Any]:
     """What was run, for the JSON and HTML outputs."""
-    schedule, concurrency = _mode(args)
+    schedule, concurrency = _mode(settings)
     return {
         "url": url,
         "model": ref.model,
         "model_version": ref.version,
-        "mode": ("jobs " if args.jobs else "") + ("open" if schedule else "closed"),
-        "protocol": args.protocol,
+        "mode": ("jobs " if settings.jobs else "") + ("open" if schedule else "closed"),
+        "protocol": settings.protocol,
         "rate": schedule.describe() if schedule else None,
         "concurrency": concurrency or None,
-        "duration_s": args.duration,
-        "warmup_s": args.warmup,
-        "binary": args.binary,
-        "rows": args.rows,
-        "input_file": str(args.input_file) if args.input_file else None,
-        "seed": args.seed,
-        "timeout_s": args.timeout,
-        "max_requests": args.max_requests,
-        "max_connections": args.max_connections if schedule else None,
-        "cache": args.cache,
+        "duration_s": settings.duration,
+        "warmup_s": settings.warmup,
+        "binary": settings.binary,
+        "rows": settings.rows,
+        "input_file": str(settings.input_file) if settings.input_file else None,
+        "seed": settings.seed,
+        "timeout_s": settings.timeout,
+        "max_requests": settings.max_requests,
+        "max_connections": settings.max_connections if schedule else None,
+        "cache": settings.cache,
     }
 
 
-def _install_sigint(stop: asyncio.Event) -> Callable[[], None]:
-    """First Ctrl-C: stop sending and report; the handler then steps aside, so a second
-    Ctrl-C interrupts at once.  Returns the undo."""
-    loop = asyncio.get_running_loop()
+def _interrupts(stop: asyncio.Event) -> StopSignals:
+    """First Ctrl-C: stop sending and report; a second one interrupts at once."""
 
     def first() -> None:
         stop.set()
         print("\nstopping: finishing requests in flight (Ctrl-C again to abort)", file=sys.stderr)
-        loop.remove_signal_handler(signal.SIGINT)
 
-    try:
-        loop.add_signal_handler(signal.SIGINT, first)
-    except (ValueError, RuntimeError, NotImplementedError):  # not the main thread, or Windows
-        return lambda: None
+    def second() -> None:
+        raise KeyboardInterrupt
 
-    def undo() -> None:
-        loop.remove_signal_handler(signal.SIGINT)
-
-    return undo
+    return StopSignals(on_stop=first, on_force=second, signals=(signal.SIGINT,))
 
 
 async def run_async(
-    args: argparse.Namespace, url: str, document: Any = None
+    settings: LoadgenSettings, url: str, document: Any = None
 ) -> tuple[LoadResult, dict[str, Any]]:
     """Prepare the workload and run the load; return the result and the run's configuration."""
     ref = parse_model_url(url)
     ref = ModelRef(
-        ref.server, args.model or ref.model or DEFAULT_MODEL, args.model_version or ref.version
+        ref.server,
+        settings.model or ref.model or DEFAULT_MODEL,
+        settings.model_version or ref.version,
     )
-    schedule, concurrency = _mode(args)
-    if args.duration is None:
-        args.duration = schedule.length_s if schedule and schedule.length_s > 0 else None
-        args.duration = args.duration or DEFAULT_DURATION_S
-    headers = dict(args.header)
-    if not args.cache:
+    schedule, concurrency = _mode(settings)
+    duration = settings.duration
+    if duration is None and schedule is not None and schedule.length_s > 0:
+        duration = schedule.length_s
+    duration = duration or DEFAULT_DURATION_S
+    settings = replace(settings, duration=duration)  # what ran, for config_of
+    headers = dict(settings.header)
+    if not settings.cache:
         headers.setdefault("Cache-Control", "no-cache")
-    suffix = "/jobs" if args.jobs else "/infer"
+    suffix = "/jobs" if settings.jobs else "/infer"
     job_stats = JobStats()
     transport = None
-    if args.protocol == "grpc":
-        requests, operation, transport = await _grpc_workload(args, ref, document, headers)
+    if settings.protocol == "grpc":
+        requests, operation, transport = await _grpc_workload(settings, ref, document, headers)
     else:
-        bodies = await _bodies(args, ref, document)
+        bodies = await _bodies(settings, ref, document)
         requests = build_requests(ref.path(suffix), bodies, headers)
         operation = (
-            jobs_operation(job_stats, wait_s=args.job_wait, poll_interval_s=args.poll_interval)
-            if args.jobs
+            jobs_operation(
+                job_stats, wait_s=settings.job_wait, poll_interval_s=settings.poll_interval
+            )
+            if settings.jobs
             else None
         )
     recorder = Recorder()
     stop = asyncio.Event()
-    undo = _install_sigint(stop)
-    show = args.progress if args.progress is not None else sys.stderr.isatty()
+    show = settings.progress if settings.progress is not None else sys.stderr.isatty()
     progress = (
         Progress(recorder, sys.stderr, tty=sys.stderr.isatty())
         if show
@@ -280,33 +273,31 @@ async def run_async(
     )
     options = LoadOptions(
         ref.url(suffix),
-        duration_s=args.duration,
+        duration_s=duration,
         requests=requests,
-        warmup_s=args.warmup,
-        max_requests=args.max_requests,
-        timeout_s=args.timeout,
+        warmup_s=settings.warmup,
+        max_requests=settings.max_requests,
+        timeout_s=settings.timeout,
         operation=operation,
         transport=transport,
     )
-    try:
+    with _interrupts(stop).installed_on(asyncio.get_running_loop()):
         async with progress:
             if schedule is not None:
                 result = await run_open_loop(
                     options,
                     schedule,
-                    max_connections=args.max_connections,
-                    seed=args.seed,
+                    max_connections=settings.max_connections,
+                    seed=settings.seed,
                     recorder=recorder,
                     stop=stop,
                 )
             else:
                 result = await run_closed_loop(options, concurrency, recorder=recorder, stop=stop)
-    finally:
-        undo()
-    if args.jobs:
+    if settings.jobs:
         result.mode = f"jobs/{result.mode}"
         result.extra["jobs"] = job_stats.to_dict()
-    return result, config_of(args, url, ref)
+    return result, config_of(settings, url, ref)
 
 
 def _write(path: str, data: str | bytes) -> None:
@@ -326,11 +317,14 @@ def run(args: argparse.Namespace) -> int:
     from loadgen.report import html_report
 
     try:
-        if args.png and not charts.available():
+        settings: LoadgenSettings = from_args(LoadgenSettings, args)
+        if settings.png and not charts.available():
             raise UsageError(f"--png: {charts.INSTALL_HINT}")
-        url = resolve_url(args)
-        document = None if args.input_file is None else read_input_file(args.input_file)
-        result, config = run_loop(run_async(args, url, document), use_uvloop=not args.no_uvloop)
+        url = resolve_url(settings)
+        document = None if settings.input_file is None else read_input_file(settings.input_file)
+        result, config = run_loop(
+            run_async(settings, url, document), use_uvloop=not settings.no_uvloop
+        )
     except (UsageError, ValueError) as exc:
         print(f"inferq loadgen: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -340,22 +334,22 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("inferq loadgen: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    summary_stream = sys.stderr if args.json == "-" else sys.stdout
+    summary_stream = sys.stderr if settings.json_path == "-" else sys.stdout
     print(result.summary(), file=summary_stream)
-    if args.json:
+    if settings.json_path:
         text = json.dumps({"config": config, **result.to_dict()}, indent=2)
-        if args.json == "-":
+        if settings.json_path == "-":
             print(text)
         else:
-            _write(args.json, text + "\n")
-    if args.report:
-        _write(args.report, html_report(result, title="inferq loadgen", config=config))
+            _write(settings.json_path, text + "\n")
+    if settings.report:
+        _write(settings.report, html_report(result, title="inferq loadgen", config=config))
         if not charts.available():
             print(
                 f"inferq loadgen: the report has no charts: {charts.INSTALL_HINT}", file=sys.stderr
             )
-    if args.png:
-        _write(args.png, charts.png_report(result))
+    if settings.png:
+        _write(settings.png, charts.png_report(result))
     return EXIT_OK if result.ok else EXIT_FAILED
 
 

@@ -2,22 +2,18 @@
 
 Why not httpx/aiohttp: the benchmarks drive thousands of requests per second from one Python
 process that shares two cores with the server under test, so the client's per-request cost must
-be a few tens of microseconds.  This module does the least that is correct:
+be a few tens of microseconds. This module does the least that is correct:
 
 * one :class:`HTTPConnection` is one TCP connection (an :class:`asyncio.Protocol`, no streams),
   with at most one request in flight (no pipelining);
 * request bytes are built once by :func:`prepare` and written with a single ``transport.write``;
-* responses are parsed in ``data_received``: a fast path for ``Content-Length`` bodies, plus
-  ``Transfer-Encoding: chunked`` and read-until-close bodies;
+* responses are parsed by ``httptools`` (llhttp, the parser uvicorn uses; faster than the
+  hand-written one it replaced): ``Content-Length``, chunked and read-until-close bodies;
 * a keep-alive connection the server has closed is reopened transparently, and a request that a
   reused connection lost before *any* response byte arrived is retried once on a fresh one (the
-  usual idle keep-alive race).  Every other failure raises a :class:`HTTPClientError` subclass.
+  usual idle keep-alive race). Every other failure raises a :class:`HTTPClientError` subclass.
 
 ``https://`` is refused (:func:`parse_url`); TLS would dominate the client's CPU budget anyway.
-
-One module of ~700 lines, on purpose: the parser, the protocol and the connection share the
-per-connection state of one request in flight, and keeping them together keeps the hot path
-free of indirection (``bench/http_clients.py`` measures it).
 """
 
 from __future__ import annotations
@@ -29,6 +25,8 @@ from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit
+
+import httptools
 
 __all__ = [
     "ConnectError",
@@ -49,8 +47,6 @@ T = TypeVar("T")
 
 #: Largest response head (status line + headers) accepted, in bytes.
 MAX_HEAD_BYTES = 64 * 1024
-#: Longest chunk-size / trailer line accepted in a chunked body.
-MAX_LINE_BYTES = 8 * 1024
 
 
 # --------------------------------------------------------------------------------------------
@@ -211,36 +207,32 @@ class PreparedRequest:
 
 
 # --------------------------------------------------------------------------------------------
-# The protocol: response parser
+# The protocol: responses parsed by httptools
 # --------------------------------------------------------------------------------------------
-
-_IDLE = 0
-_HEAD = 1
-_BODY = 2  # Content-Length body, self._remaining bytes left
-_CHUNK_SIZE = 3
-_CHUNK_DATA = 4
-_TRAILERS = 5
-_UNTIL_CLOSE = 6
 
 
 class _ClientProtocol(asyncio.Protocol):
-    """Parses responses for one connection; hands each one to the waiting request's future."""
+    """Parses responses for one connection (``httptools``, llhttp's parser, as uvicorn uses);
+    hands each one to the waiting request's future."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
         self.lost: asyncio.Future[None] = loop.create_future()
-        self._buf = bytearray()
+        self._parser: httptools.HttpResponseParser | None = None
         self._waiter: asyncio.Future[Response] | None = None
         self._head_request = False
         self.got_bytes = False
-        self._state = _IDLE
         self._status = 0
         self._headers: dict[str, str] = {}
-        self._keep_alive = True
-        self._remaining = 0
-        self._chunks: list[bytes] = []
+        self._head_bytes = 0
+        """Bytes received before the head was complete (bounded by ``MAX_HEAD_BYTES``)."""
+        self._head_done = False
+        self._until_close = False
+        self._body: bytes | bytearray = b""
+        self._junk = False
+        """A response started where none was asked for: the connection's state is unknown."""
         # Request timeout: one lazily re-armed timer per connection (see begin()).
         self._deadline = math.inf
         self._timeout: float | None = None
@@ -259,8 +251,8 @@ class _ClientProtocol(asyncio.Protocol):
         waiter = self._waiter
         self._waiter = None
         if waiter is not None and not waiter.done():
-            if self._state == _UNTIL_CLOSE and exc is None:
-                waiter.set_result(Response(self._status, self._headers, bytes(self._buf)))
+            if self._until_close and exc is None:
+                waiter.set_result(Response(self._status, self._headers, bytes(self._body)))
             else:
                 why = f": {exc}" if exc else ""
                 if self.got_bytes:
@@ -268,8 +260,7 @@ class _ClientProtocol(asyncio.Protocol):
                 else:
                     msg = f"connection closed before any response byte{why}"
                 waiter.set_exception(ConnectionClosed(msg, partial=self.got_bytes))
-        self._buf = bytearray()
-        self._chunks = []
+        self._body = b""
         if not self.lost.done():
             self.lost.set_result(None)
 
@@ -277,30 +268,74 @@ class _ClientProtocol(asyncio.Protocol):
         return None  # close our side too; connection_lost() settles any pending request
 
     def data_received(self, data: bytes) -> None:
-        if self._waiter is None:
+        parser = self._parser
+        if self._waiter is None or parser is None:
             # Bytes nobody asked for (e.g. a 408 on an idle connection): the connection's state
             # is unknown, so drop it; the next request reconnects.
             self._discard()
             return
         self.got_bytes = True
-        if self._buf:
-            self._buf += data
-            buf: bytes | bytearray = self._buf
-        else:
-            buf = data
         try:
-            pos = self._parse(buf)
-        except ProtocolError as exc:
-            self._fail(exc)
-            return
-        except ValueError as exc:  # int() of a bad number
+            parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._complete(b"", keep_alive=False)  # upgrades are not supported: drop it
+        except httptools.HttpParserError as exc:
             self._fail(ProtocolError(f"malformed response: {exc}"))
             return
-        if buf is self._buf:
-            if pos:
-                del self._buf[:pos]
-        elif pos < len(buf):
-            self._buf += buf[pos:]
+        if self._junk:
+            self._discard()
+        elif not self._head_done and self._waiter is not None:
+            self._head_bytes += len(data)
+            if self._head_bytes > MAX_HEAD_BYTES:
+                self._fail(ProtocolError("response head too large"))
+
+    # httptools callbacks --------------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        self._headers = {}
+        if self._waiter is None:
+            self._junk = True  # we never pipeline: bytes after the response are junk
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        headers = self._headers
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+
+    def on_headers_complete(self) -> None:
+        assert self._parser is not None
+        status = self._status = self._parser.get_status_code()
+        if 100 <= status < 200:
+            return  # an interim response (101 ends in HttpParserUpgrade): the real one follows
+        self._head_done = True
+        headers = self._headers
+        self._until_close = (
+            "content-length" not in headers
+            and "chunked" not in headers.get("transfer-encoding", "").lower()
+            and status not in (204, 304)
+        )
+        if self._head_request:
+            # llhttp would wait for the Content-Length a HEAD response announces but never
+            # sends: answer now, and parse the next response with a fresh parser.
+            keep_alive = self._keep_alive()
+            self._parser = None
+            self._complete(b"", keep_alive=keep_alive)
+
+    def on_body(self, body: bytes) -> None:
+        if not self._body:
+            self._body = body
+        elif isinstance(self._body, bytearray):
+            self._body += body
+        else:
+            self._body = bytearray(self._body) + body
+
+    def on_message_complete(self) -> None:
+        if self._waiter is None or not self._head_done:
+            return  # the end of an interim 1xx response, or of junk
+        self._complete(bytes(self._body), keep_alive=self._keep_alive())
+
+    def _keep_alive(self) -> bool:
+        return self._parser is not None and self._parser.should_keep_alive()
 
     # request side ---------------------------------------------------------------------------
 
@@ -318,7 +353,12 @@ class _ClientProtocol(asyncio.Protocol):
         self._waiter = fut
         self._head_request = head_request
         self.got_bytes = False
-        self._state = _HEAD
+        self._head_done = False
+        self._head_bytes = 0
+        self._until_close = False
+        self._body = b""
+        if self._parser is None:
+            self._parser = httptools.HttpResponseParser(self)
         if timeout is None:
             self._deadline = math.inf
         else:
@@ -353,155 +393,20 @@ class _ClientProtocol(asyncio.Protocol):
     def _fail(self, exc: Exception) -> None:
         waiter = self._waiter
         self._waiter = None
-        self._state = _IDLE
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
         self._discard()
 
-    def _complete(self, body: bytes, buf: bytes | bytearray, pos: int) -> None:
+    def _complete(self, body: bytes, *, keep_alive: bool) -> None:
         waiter = self._waiter
         self._waiter = None
-        self._state = _IDLE
-        keep_alive = self._keep_alive
-        if pos < len(buf):
-            keep_alive = False  # bytes beyond the response: we never pipeline, so it is junk
+        self._body = b""
         if not keep_alive:
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
         if waiter is not None and not waiter.done():
             waiter.set_result(Response(self._status, self._headers, body))
-
-    # parser ---------------------------------------------------------------------------------
-
-    def _parse(self, buf: bytes | bytearray) -> int:
-        """Consume what it can of ``buf``; return how many bytes were used."""
-        pos = 0
-        while True:
-            state = self._state
-            if state == _HEAD:
-                end = buf.find(b"\r\n\r\n", pos)
-                if end < 0:
-                    if len(buf) - pos > MAX_HEAD_BYTES:
-                        raise ProtocolError("response head too large")
-                    return pos
-                head = buf[pos:end].decode("latin-1")
-                pos = end + 4
-                if not self._parse_head(head):
-                    continue  # an interim 1xx response: the real one follows
-                if self._state == _BODY:
-                    n = self._remaining
-                    if len(buf) - pos >= n:  # fast path: the whole body is here
-                        body = bytes(buf[pos : pos + n])
-                        pos += n
-                        self._complete(body, buf, pos)
-                        return len(buf)
-                    return pos
-                if self._state == _IDLE:  # no body
-                    self._complete(b"", buf, pos)
-                    return len(buf)
-            elif state == _BODY:
-                n = self._remaining
-                if len(buf) - pos < n:
-                    return pos
-                body = bytes(buf[pos : pos + n])
-                pos += n
-                self._complete(body, buf, pos)
-                return len(buf)
-            elif state == _CHUNK_SIZE:
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    if len(buf) - pos > MAX_LINE_BYTES:
-                        raise ProtocolError("chunk-size line too long")
-                    return pos
-                size_text = bytes(buf[pos:end]).split(b";", 1)[0].strip()
-                try:
-                    size = int(size_text, 16)
-                except ValueError:
-                    raise ProtocolError(f"bad chunk size {size_text!r}") from None
-                if size < 0:
-                    raise ProtocolError(f"bad chunk size {size_text!r}")
-                pos = end + 2
-                if size == 0:
-                    self._state = _TRAILERS
-                else:
-                    self._remaining = size
-                    self._state = _CHUNK_DATA
-            elif state == _CHUNK_DATA:
-                n = self._remaining
-                if len(buf) - pos < n + 2:
-                    return pos
-                if buf[pos + n : pos + n + 2] != b"\r\n":
-                    raise ProtocolError("chunk data not followed by CRLF")
-                self._chunks.append(bytes(buf[pos : pos + n]))
-                pos += n + 2
-                self._state = _CHUNK_SIZE
-            elif state == _TRAILERS:
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    if len(buf) - pos > MAX_LINE_BYTES:
-                        raise ProtocolError("trailer line too long")
-                    return pos
-                if end == pos:  # the empty line that ends the message
-                    pos += 2
-                    body = b"".join(self._chunks)
-                    self._chunks = []
-                    self._complete(body, buf, pos)
-                    return len(buf)
-                pos = end + 2  # trailers are ignored
-            elif state == _UNTIL_CLOSE:
-                return pos  # everything stays in the buffer until connection_lost()
-            else:  # _IDLE: data after a completed response was already handled
-                return len(buf)
-
-    def _parse_head(self, head: str) -> bool:
-        """Parse status line + headers; set up body framing. False for an interim 1xx."""
-        lines = head.split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
-            raise ProtocolError(f"bad status line {lines[0]!r}")
-        status = int(code)
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name[-1] in " \t":
-                raise ProtocolError(f"bad header line {line!r}")
-            name = name.lower()
-            value = value.strip()
-            if name in headers:
-                headers[name] = f"{headers[name]}, {value}"
-            else:
-                headers[name] = value
-        if 100 <= status < 200 and status != 101:
-            return False
-        self._status = status
-        self._headers = headers
-        conn = headers.get("connection")
-        if conn is not None:
-            conn = conn.lower()
-            self._keep_alive = "close" not in conn and (
-                version != "HTTP/1.0" or "keep-alive" in conn
-            )
-        else:
-            self._keep_alive = version != "HTTP/1.0"
-        if self._head_request or status in (204, 304):
-            self._state = _IDLE
-        elif status == 101:
-            self._keep_alive = False  # upgrades are not supported: drop the connection
-            self._state = _IDLE
-        elif "chunked" in headers.get("transfer-encoding", "").lower():
-            self._chunks = []
-            self._state = _CHUNK_SIZE
-        elif (cl := headers.get("content-length")) is not None:
-            if not cl.isdigit():
-                raise ProtocolError(f"bad Content-Length {cl!r}")
-            self._remaining = int(cl)
-            self._state = _BODY
-        else:
-            self._keep_alive = False
-            self._state = _UNTIL_CLOSE
-        return True
 
 
 # --------------------------------------------------------------------------------------------

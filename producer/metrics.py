@@ -16,19 +16,20 @@ here once, with its help text and fixed label names. Who calls what:
   for no live worker and Redis down, ``_admit`` for the backlog cap, the deadline estimate and
   the breaker): ``observe_rejected(model, reason)`` (see ``REJECT_REASONS``).
 - ``gateway.py`` ``Gateway.start``: ``track_waiters(lambda: self.replies.waiting)``; then
-  ``StreamGauges(metrics, self.redis, self.keys, self.clock.now_ms)``, started with the other
-  background tasks and stopped in ``Gateway.stop``.
+  ``StreamGauges(metrics, self.redis, self.keys, self.clock.now_ms)``, whose ``run`` is one of
+  the gateway's loops.
 
 Stream gauges (length, lag, pending, live consumers, oldest pending age, dead letters) come from
-``runtime.lag.collect`` every ``interval_s`` (5 s), not per scrape, so a scrape storm costs Redis
-nothing. Every gateway exports them: aggregate with ``max by (model, lane)``, never ``sum``.
+the published backlog snapshot or ``runtime.lag.collect`` every ``interval_s`` (5 s), not per
+scrape, so a scrape storm costs Redis nothing. Every gateway exports them: aggregate with
+``max by (model, lane)``, never ``sum``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -41,7 +42,7 @@ from protocol.keys import Keys
 from protocol.stats import StatsSnapshot
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
-from runtime.lag import LagError, LaneLag, collect, dead_letters
+from runtime.lag import Backlog, LagError, collect
 from runtime.metrics import (
     BYTES_BUCKETS,
     LATENCY_BUCKETS,
@@ -49,7 +50,7 @@ from runtime.metrics import (
     exposition,
     new_registry,
 )
-from runtime.stats import to_lanes
+from runtime.stats import to_backlog
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -269,13 +270,14 @@ def metrics_response(registry: CollectorRegistry, accept: str | None = None) -> 
 
 
 class StreamGauges:
-    """Keeps the stream gauges of ``GatewayMetrics`` current: ``runtime.lag.collect`` (without
-    ``SCAN``) and the dead-letter lengths every ``interval_s``.
+    """Keeps the stream gauges of ``GatewayMetrics`` current, every ``interval_s``: from the
+    published backlog snapshot when a fresh one exists, else from ``runtime.lag.collect``
+    (without ``SCAN``).
 
-    Owned by the gateway: ``start`` after Redis clients exist, ``stop`` on shutdown. A failed
-    refresh keeps the previous values, counts a failure and logs once until it recovers; the
-    last-refresh timestamp tells a dashboard how stale they are. Lanes of models that disappear
-    are removed from the gauges.
+    ``run`` is a loop the gateway's ``Loops`` owns. A failed refresh keeps the previous values,
+    counts a failure and logs once until it recovers; the last-refresh timestamp tells a
+    dashboard how stale they are. Series of lanes, partitions and models that disappear are
+    removed.
     """
 
     def __init__(
@@ -297,68 +299,41 @@ class StreamGauges:
         self._keys = keys
         self._now_ms = clock_now_ms
         self.interval_s = interval_s
-        self._lanes: set[tuple[str, str]] = set()
-        self._models: set[str] = set()
-        self._partitions: set[tuple[str, str]] = set()
-        self._backlog_models: set[str] = set()
-        self._task: asyncio.Task[None] | None = None
+        self._shown: dict[Gauge, set[tuple[str, ...]]] = {}
 
     async def refresh(self) -> None:
-        """One refresh; Redis errors propagate (``run`` counts and logs them). From the
-        published snapshot (``runtime.stats``) when there is a fresh one: no Redis command."""
+        """One refresh; Redis errors propagate (``run`` counts and logs them)."""
         stats = self._stats() if self._stats is not None else None
         if stats is not None:
-            self.apply(to_lanes(stats, self._keys), stats.dead_letters)
-            return
-        lanes = await collect(self._redis, self._keys, self._now_ms, scan=False)
-        dlq = await dead_letters(self._redis, self._keys, (lane.model for lane in lanes))
-        self.apply(lanes, dlq)
+            self.apply(to_backlog(stats, self._keys))
+        else:
+            self.apply(await collect(self._redis, self._keys, self._now_ms, scan=False))
 
-    def apply(self, lanes: list[LaneLag], dlq: dict[str, int]) -> None:
-        """Set the gauges from one collection: per model and lane summed over partitions (the
+    def apply(self, backlog: Backlog) -> None:
+        """Set the gauges from one reading: per model and lane summed over partitions (the
         oldest pending age and live consumers: the largest), per partition, per model."""
         m = self.metrics
-        by_lane: dict[tuple[str, str], list[LaneLag]] = {}
-        by_partition: dict[tuple[str, str], int] = {}
-        for lane in lanes:
-            by_lane.setdefault((lane.model, lane.lane.value), []).append(lane)
-            key = (lane.model, str(lane.partition))
-            by_partition[key] = by_partition.get(key, 0) + lane.backlog
-        for labels, parts in by_lane.items():
-            m.stream_length.labels(*labels).set(sum(p.length for p in parts))
-            m.stream_lag.labels(*labels).set(sum(p.lag for p in parts))
-            m.stream_pending.labels(*labels).set(sum(p.pending for p in parts))
-            m.stream_consumers.labels(*labels).set(max(p.consumers for p in parts))
-            oldest = max((p.oldest_pending_ms or 0) for p in parts)
-            m.stream_oldest_pending_age.labels(*labels).set(oldest / 1000)
-        seen = set(by_lane)
-        for labels in self._lanes - seen:
-            for gauge in (
-                m.stream_length,
-                m.stream_lag,
-                m.stream_pending,
-                m.stream_consumers,
-                m.stream_oldest_pending_age,
-            ):
-                gauge.remove(*labels)
-        for (model, partition), backlog in by_partition.items():
-            m.partition_backlog.labels(model, partition).set(backlog)
-        for labels in self._partitions - set(by_partition):
-            m.partition_backlog.remove(*labels)
-        models = {model for model, _ in by_lane}
-        for model in models:
-            m.model_backlog.labels(model).set(
-                sum(b for (name, _), b in by_partition.items() if name == model)
-            )
-        for model in self._backlog_models - models:
-            m.model_backlog.remove(model)
-        for model, length in dlq.items():
-            m.dlq_length.labels(model).set(length)
-        for model in self._models - set(dlq):
-            m.dlq_length.remove(model)
-        self._lanes, self._models = seen, set(dlq)
-        self._partitions, self._backlog_models = set(by_partition), models
+        lanes = backlog.by(lambda r: (r.model, r.lane.value))
+        self._set(m.stream_length, {k: t.length for k, t in lanes.items()})
+        self._set(m.stream_lag, {k: t.lag for k, t in lanes.items()})
+        self._set(m.stream_pending, {k: t.pending for k, t in lanes.items()})
+        self._set(m.stream_consumers, {k: t.consumers for k, t in lanes.items()})
+        ages = {k: (t.oldest_pending_ms or 0) / 1000 for k, t in lanes.items()}
+        self._set(m.stream_oldest_pending_age, ages)
+        partitions = backlog.by(lambda r: (r.model, str(r.partition)))
+        self._set(m.partition_backlog, {k: t.backlog for k, t in partitions.items()})
+        models = backlog.by(lambda r: (r.model,))
+        self._set(m.model_backlog, {k: t.backlog for k, t in models.items()})
+        self._set(m.dlq_length, {(k,): n for k, n in backlog.dead_letters.items()})
         m.stream_refreshed.set(time.time())
+
+    def _set(self, gauge: Gauge, values: Mapping[Any, float]) -> None:
+        """Set each series of ``values`` (keyed by label tuples); remove the ones gone since."""
+        for labels, value in values.items():
+            gauge.labels(*labels).set(value)
+        for labels in self._shown.get(gauge, set()) - values.keys():
+            gauge.remove(*labels)
+        self._shown[gauge] = set(values)
 
     async def run(self) -> None:
         """Refresh now, then every ``interval_s``, until cancelled."""
@@ -370,14 +345,3 @@ class StreamGauges:
                 self.metrics.stream_refresh_failures.inc()
                 self._backoff.record(e)
             await asyncio.sleep(self.interval_s)
-
-    def start(self) -> None:
-        """Start refreshing in a task this object owns (needs a running event loop)."""
-        if self._task is None:
-            self._task = asyncio.create_task(self.run(), name="stream-gauges")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)

@@ -7,8 +7,8 @@ request. A model is *known* if any worker ever published it (the ``models`` hash
 
 Each model's backlog (admission control) comes from the snapshot one elected gateway publishes
 (``runtime.stats``), read in the same round trip: its cost does not grow with the number of
-gateways. Only while no fresh snapshot exists does a refresh ask ``XLEN`` and ``XINFO GROUPS`` of
-every stream itself.
+gateways. Only while no fresh snapshot exists does a refresh read it itself (``runtime.lag``'s
+``collect`` without detail: ``XLEN`` and ``XINFO GROUPS`` of every stream).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import structlog
 from protocol import ProtocolError
 from protocol.control import LoadReport, VersionPolicy, version_order
 from protocol.envelope import decode_hash
-from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane
+from protocol.keys import LANES_BY_PRIORITY, Keys, Lane
 from protocol.registry import ModelMetadata, WorkerInfo
 from protocol.stats import StatsSnapshot
 from runtime.aio import cancelling
@@ -34,9 +34,12 @@ from runtime.backoff import Backoff
 from runtime.connections import RedisClock
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
+from runtime.lag import LagError, collect
 from runtime.stats import STALE_AFTER_INTERVALS, decode_snapshot
 
 log = structlog.get_logger("inferq.gateway")
+
+_BACKLOG_ERRORS: tuple[type[BaseException], ...] = (*RETRYABLE, LagError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,25 +224,15 @@ class ModelRegistry:
         self._counted_until(stats.sampled_ms)
 
     async def _refresh_backlog(self) -> None:
-        pipe = self._redis.pipeline(transaction=False)
-        streams: list[tuple[str, Lane]] = []
-        for name in sorted(self.models):
-            partitions = self.models[name].metadata.partitions
-            for p in range(partitions):
-                for lane in LANES_BY_PRIORITY:
-                    streams.append((name, lane))
-                    stream = self._keys.stream(name, lane, p)
-                    pipe.xlen(stream)
-                    pipe.xinfo_groups(stream)
+        models = {name: entry.metadata.partitions for name, entry in self.models.items()}
         try:
-            replies = await pipe.execute(raise_on_error=False)
-        except RETRYABLE:
+            backlog = await collect(
+                self._redis, self._keys, self._clock.now_ms, models=models, detail=False
+            )
+        except _BACKLOG_ERRORS:
             return
-        backlog: dict[tuple[str, Lane], int] = {}
-        for i, key in enumerate(streams):
-            length, groups = replies[2 * i], replies[2 * i + 1]
-            backlog[key] = backlog.get(key, 0) + _lag(length, groups)
-        self._backlog = backlog
+        by_lane = backlog.by(lambda r: (r.model, r.lane))
+        self._backlog = {key: totals.lag for key, totals in by_lane.items()}
 
     async def run(self) -> None:
         """Refresh every ``refresh_s``. A failed refresh keeps what was known, reports the
@@ -256,21 +249,6 @@ class ModelRegistry:
             await self.refresh()
             entry = self.models.get(name)
         return entry
-
-
-def _lag(length: object, groups: object) -> int:
-    """Entries not yet delivered to the workers' group; the whole stream when no group exists
-    yet (no worker ever started) or Redis cannot say (lag is null after deletions)."""
-    if not isinstance(length, int):
-        return 0
-    if not isinstance(groups, list):
-        return length
-    for group in groups:
-        name = group.get("name")
-        if name in (GROUP, GROUP.encode()):
-            lag = group.get("lag")
-            return int(lag) if isinstance(lag, int) else length
-    return length
 
 
 def queue_snapshot(pipe: Any, keys: Keys, ids: list[bytes]) -> None:

@@ -1,6 +1,6 @@
 """Gateway settings: one frozen object, built by the CLI from flags and ``INFERQ_*`` variables.
 
-Each user-settable field declares its flag, variable and help here, once (``runtime.options``);
+Each user-settable field declares its flag, variable and help here, once (``protocol.options``);
 the ``inferq`` parsers and ``inferq up``'s forwarding derive from these declarations.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from runtime.argtypes import non_negative_float, port_or_off, positive_float, positive_int
-from runtime.options import option
+from protocol.argtypes import non_negative_float, port_or_off, positive_float, positive_int
+from protocol.options import option
 from runtime.settings import ConnectionSettings
 
 JOB_DURABILITY = ("async", "replicated")

@@ -1,17 +1,20 @@
-"""The backlog of every model's request streams, read from Redis: what the gateway's stream
-gauges and ``inferq lag`` both show.
+"""The backlog of every model's request streams, read from Redis one way: ``collect``.
+
+Everything that shows or acts on the backlog reads it here: the elected refresher that publishes
+it for every process (``runtime.stats``), the gateway's stream gauges and admission control when
+no snapshot is fresh, and ``inferq lag``, which formats it.
 
 One ``LaneLag`` per model, partition and lane (``Keys.stream(model, lane, partition)``, consumer
-group ``workers``; a model has one partition unless its config says ``partitions = N``):
-LENGTH (``XLEN``), LAG (entries no worker has read; Redis 7's ``XINFO GROUPS`` ``lag``, else
-worked out another way and marked estimated, see ``LagSource``), PENDING (read by a worker and
-not yet acknowledged), CONSUMERS (live workers in the group) and the age of the oldest pending
-entry. ``DrainEstimator`` turns two samples into drain rates and an ETA.
+group ``workers``): LENGTH (``XLEN``), LAG (entries no worker has read; Redis 7's ``XINFO GROUPS``
+``lag``, else worked out another way and marked estimated, see ``LagSource``), PENDING, live
+CONSUMERS and the age of the oldest pending entry. A ``Backlog`` is one reading: its lanes, the
+dead-letter counts, and sums of its lanes by model, lane or partition (``Totals``).
+``DrainEstimator`` turns two readings into drain rates and an ETA.
 
-Models (and their partitions) come from the ``{ns}:models`` hash and, unless ``scan=False``,
-from a ``SCAN`` for ``{ns}:stream:*`` keys (on a cluster, of every master). One collection
-costs two or three round trips: discovery, one pipeline of ``TIME``, the workers zset and four
-commands per stream, and ``XINFO STREAM`` only for streams whose lag Redis could not give.
+Models come from the ``{ns}:models`` hash and, unless ``scan=False``, from a ``SCAN`` for
+``{ns}:stream:*`` keys. One reading costs two or three round trips: discovery, one pipeline
+(``TIME``, the workers zset, two or four commands per stream, the dead-letter lengths), and
+``XINFO STREAM`` only for streams whose lag Redis could not give.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -27,6 +30,8 @@ from redis.exceptions import ResponseError
 from protocol import ProtocolError
 from protocol.keys import GROUP, LANES_BY_PRIORITY, Keys, Lane, is_valid_name, text
 from protocol.registry import ModelMetadata
+
+K = TypeVar("K")
 
 
 class LagError(Exception):
@@ -149,6 +154,72 @@ def estimate(before: LaneLag, after: LaneLag) -> Drain | None:
     return Drain(read_per_s, arrival_per_s, eta)
 
 
+@dataclass(frozen=True, slots=True)
+class Totals:
+    """Lanes summed (live consumers: the most in any lane; pending age: the oldest)."""
+
+    length: int
+    lag: int
+    pending: int
+    consumers: int
+    oldest_pending_ms: int | None
+    lag_exact: bool
+
+    @property
+    def backlog(self) -> int:
+        return self.lag + self.pending
+
+    @classmethod
+    def of(cls, lanes: Sequence[LaneLag]) -> Totals:
+        ages = [r.oldest_pending_ms for r in lanes if r.oldest_pending_ms is not None]
+        return cls(
+            length=sum(r.length for r in lanes),
+            lag=sum(r.lag for r in lanes),
+            pending=sum(r.pending for r in lanes),
+            consumers=max((r.consumers for r in lanes), default=0),
+            oldest_pending_ms=max(ages) if ages else None,
+            lag_exact=all(r.lag_exact for r in lanes),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """One reading of a namespace's request streams."""
+
+    lanes: tuple[LaneLag, ...]
+    """Model by model (as discovered, sorted), each model's partitions and lanes in order."""
+    dead_letters: dict[str, int]
+    """Model -> entries in its dead-letter stream; empty when not read (``detail=False``)."""
+
+    @property
+    def sampled_ms(self) -> int | None:
+        return self.lanes[0].sampled_ms if self.lanes else None
+
+    @property
+    def partitions(self) -> dict[str, int]:
+        """Model -> partitions, to read the same streams again (``collect(models=...)``)."""
+        out: dict[str, int] = {}
+        for lane in self.lanes:
+            out[lane.model] = max(out.get(lane.model, 1), lane.partition + 1)
+        return out
+
+    def by(self, key: Callable[[LaneLag], K]) -> dict[K, Totals]:
+        """The lanes summed per ``key`` (``lambda r: (r.model, r.lane)``...), in lane order."""
+        grouped: dict[K, list[LaneLag]] = {}
+        for lane in self.lanes:
+            grouped.setdefault(key(lane), []).append(lane)
+        return {k: Totals.of(rows) for k, rows in grouped.items()}
+
+    def by_model(self) -> dict[str, Totals]:
+        return self.by(lambda r: r.model)
+
+    def above(self, threshold: int | None) -> list[str]:
+        """Models whose backlog (lag + pending over their lanes) is above ``threshold``."""
+        if threshold is None:
+            return []
+        return [m for m, t in self.by_model().items() if t.backlog > threshold]
+
+
 # -- collection ------------------------------------------------------------------------------
 
 
@@ -221,21 +292,21 @@ async def collect(
     scan: bool = True,
     models: Sequence[str] | Mapping[str, int] | None = None,
     detail: bool = True,
-) -> list[LaneLag]:
+) -> Backlog:
     """One ``LaneLag`` per lane and partition of every model (discovered unless ``models``, a
-    list of names or a map of name to partitions, is given).
+    list of names or a map of name to partitions, is given), and each model's dead letters.
 
     ``clock_now_ms`` gives the Redis clock (``RedisClock.now_ms`` in a gateway, a fixed value
     in tests); without it the collector uses Redis ``TIME`` from the same round trip. Without
     ``detail`` it asks only ``XLEN`` and ``XINFO GROUPS`` (two commands a stream instead of
-    four): pending counts come from the group, live consumers and pending ages are left at 0
-    and None. Connection
-    errors propagate; a reply it cannot read raises ``LagError``.
+    four, and no dead letters): pending counts come from the group, live consumers and pending
+    ages are left at 0 and None. Connection errors propagate; a reply it cannot read raises
+    ``LagError``.
     """
     if models is None:
         models = await discover_partitions(redis, keys, scan=scan)
     if not models:
-        return []
+        return Backlog((), {})
     counts = dict(models) if isinstance(models, Mapping) else dict.fromkeys(models, 1)
     lanes = [
         (m, lane, p, keys.stream(m, lane, p))
@@ -253,6 +324,9 @@ async def collect(
         if detail:
             pipe.xpending(stream, GROUP)
             pipe.xinfo_consumers(stream, GROUP)
+    letters = sorted(counts) if detail else []
+    for name in letters:
+        pipe.xlen(keys.dlq(name))
     replies = await pipe.execute(raise_on_error=False)
     seconds, micros = _checked(replies[0], "TIME")
     now = clock_now_ms() if clock_now_ms else int(seconds) * 1000 + int(micros) // 1000
@@ -320,7 +394,9 @@ async def collect(
         )
     if unknown:
         await _estimate_lags(redis, rows, unknown)
-    return rows
+    dlq = replies[2 + per * len(lanes) :]
+    dead = {n: int(_checked(r, f"XLEN {keys.dlq(n)}")) for n, r in zip(letters, dlq, strict=True)}
+    return Backlog(tuple(rows), dead)
 
 
 async def _estimate_lags(
@@ -350,64 +426,3 @@ async def _estimate_lags(
                 lag = int(info["entries-added"]) - row.entries_read
                 source = LagSource.ENTRIES_READ
         rows[i] = replace(row, lag=max(0, min(lag, row.length)), lag_source=source)
-
-
-async def dead_letters(redis: aioredis.Redis, keys: Keys, models: Iterable[str]) -> dict[str, int]:
-    """Length of each model's dead-letter stream ``{ns}:dlq:{model}`` (0 when it does not exist)."""
-    names = sorted(set(models))
-    if not names:
-        return {}
-    pipe = redis.pipeline(transaction=False)
-    for name in names:
-        pipe.xlen(keys.dlq(name))
-    return {n: int(v) for n, v in zip(names, await pipe.execute(), strict=True)}
-
-
-# -- rollups and rendering -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class ModelLag:
-    """One model's lanes and partitions summed (consumers: the most live in any lane)."""
-
-    model: str
-    length: int
-    lag: int
-    pending: int
-    consumers: int
-    oldest_pending_ms: int | None
-    dead_letters: int
-    lag_exact: bool
-
-    @property
-    def backlog(self) -> int:
-        return self.lag + self.pending
-
-
-def by_model(lanes: Sequence[LaneLag], dlq: Mapping[str, int]) -> list[ModelLag]:
-    grouped: dict[str, list[LaneLag]] = {}
-    for lane in lanes:
-        grouped.setdefault(lane.model, []).append(lane)
-    out = []
-    for model, rows in grouped.items():
-        ages = [r.oldest_pending_ms for r in rows if r.oldest_pending_ms is not None]
-        out.append(
-            ModelLag(
-                model=model,
-                length=sum(r.length for r in rows),
-                lag=sum(r.lag for r in rows),
-                pending=sum(r.pending for r in rows),
-                consumers=max(r.consumers for r in rows),
-                oldest_pending_ms=max(ages) if ages else None,
-                dead_letters=dlq.get(model, 0),
-                lag_exact=all(r.lag_exact for r in rows),
-            )
-        )
-    return out
-
-
-def above(models: Sequence[ModelLag], threshold: int | None) -> list[ModelLag]:
-    """Models whose backlog (lag + pending over their lanes) is above ``threshold``."""
-    if threshold is None:
-        return []
-    return [m for m in models if m.backlog > threshold]

@@ -16,9 +16,6 @@ from typing import Any
 
 from runtime.backoff import Backoff
 
-EXIT_LOOP_FAILED = 70
-"""Exit status of a process one of whose loops crashed (EX_SOFTWARE)."""
-
 
 class LoopCrashed(RuntimeError):
     """A background loop ended with an error that is not a Redis error."""

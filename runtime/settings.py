@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from protocol.options import add_flags, option
 from runtime.connections import RedisSettings
-from runtime.options import add_flags, option
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LOG_LEVELS = ("debug", "info", "warning", "error")

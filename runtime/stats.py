@@ -8,18 +8,19 @@ See ``protocol.stats`` for why. Every gateway runs a ``StatsRefresher`` loop; at
   the holder renews it with each publication (``RENEW_SCRIPT``: only while it is still its own).
   A holder that dies stops renewing; its lease expires after ``ttl`` (3 intervals) and another
   gateway takes over.
-- Collection: ``XLEN`` and ``XINFO GROUPS`` of every stream each interval (``runtime.lag``
-  without detail), and every ``detail_every`` intervals the full collection (pending ages, live
-  consumers, dead letters). Between full collections the last full values are carried over.
+- Collection: ``runtime.lag.collect``, the one reader of the backlog: without detail (``XLEN``
+  and ``XINFO GROUPS`` of every stream) each interval, and every ``detail_every`` intervals the
+  full collection (pending ages, live consumers, dead letters). Between full collections the
+  last full values are carried over.
 
-Readers (``read_snapshot``) take the value as it is; a snapshot older than a few intervals is
-treated as absent, and callers fall back to asking Redis themselves.
+Readers (``read_snapshot``, then ``to_backlog``) take the value as it is; a snapshot older than a
+few intervals is treated as absent, and callers fall back to ``collect`` themselves.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import replace
 from typing import cast
 
@@ -32,7 +33,7 @@ from protocol.stats import LaneRow, StatsSnapshot
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.faults import RETRYABLE
-from runtime.lag import LagError, LagSource, LaneLag, collect, dead_letters, discover_partitions
+from runtime.lag import Backlog, LagError, LagSource, LaneLag, collect, discover_partitions
 
 RENEW_SCRIPT = """
 -- KEYS[1]: the lease. ARGV[1]: its holder, ARGV[2]: TTL (ms). 1 when renewed, 0 when lost.
@@ -48,7 +49,7 @@ STALE_AFTER_INTERVALS = 3
 """A snapshot older than this many intervals is treated as absent (its publisher is gone)."""
 
 
-def to_rows(lanes: Iterable[LaneLag]) -> tuple[LaneRow, ...]:
+def to_rows(backlog: Backlog) -> tuple[LaneRow, ...]:
     return tuple(
         LaneRow(
             lane.model,
@@ -63,13 +64,13 @@ def to_rows(lanes: Iterable[LaneLag]) -> tuple[LaneRow, ...]:
             lane.oldest_pending_ms,
             lane.entries_read,
         )
-        for lane in lanes
+        for lane in backlog.lanes
     )
 
 
-def to_lanes(snapshot: StatsSnapshot, keys: Keys) -> list[LaneLag]:
-    """The snapshot's rows as ``LaneLag`` (what ``runtime.lag.collect`` returns); rows naming
-    an unknown lane or lag source are left out."""
+def to_backlog(snapshot: StatsSnapshot, keys: Keys) -> Backlog:
+    """The snapshot as ``runtime.lag.collect`` would have read it; rows naming an unknown lane
+    or lag source are left out."""
     out = []
     for row in snapshot.lanes:
         try:
@@ -93,7 +94,7 @@ def to_lanes(snapshot: StatsSnapshot, keys: Keys) -> list[LaneLag]:
                 partition=row.partition,
             )
         )
-    return out
+    return Backlog(tuple(out), dict(snapshot.dead_letters))
 
 
 def decode_snapshot(raw: bytes | None) -> StatsSnapshot | None:
@@ -180,17 +181,18 @@ class StatsRefresher:
         # Stamped before the reads: a request queued meanwhile may be counted twice by a
         # gateway for a moment (its own count and the lag), never missed.
         started_ms = self._now_ms()
-        lanes = await collect(self._redis, self._keys, self._now_ms, models=models, detail=detail)
+        backlog = await collect(self._redis, self._keys, self._now_ms, models=models, detail=detail)
         if detail:
-            self._detail = {(lane.model, lane.lane.value, lane.partition): lane for lane in lanes}
-            self._detailed_ms = lanes[0].sampled_ms if lanes else self._now_ms()
-            self._dead_letters = await dead_letters(self._redis, self._keys, models)
+            self._detail = {(r.model, r.lane.value, r.partition): r for r in backlog.lanes}
+            sampled = backlog.sampled_ms
+            self._detailed_ms = self._now_ms() if sampled is None else sampled
+            self._dead_letters = backlog.dead_letters
         else:
-            lanes = [self._carry(lane) for lane in lanes]
+            backlog = Backlog(tuple(map(self._carry, backlog.lanes)), self._dead_letters)
         snapshot = StatsSnapshot(
             sampled_ms=started_ms,
             detailed_ms=self._detailed_ms,
-            lanes=to_rows(lanes),
+            lanes=to_rows(backlog),
             dead_letters=self._dead_letters,
             publisher=self._me,
         )

@@ -1,7 +1,8 @@
 """The package layers: imports point down only, and no two top-level packages import each other.
 
     protocol  ->  runtime  ->  producer | consumer  ->  inferq (the CLI)
-    loadgen: an outside client; of the product it may use only the wire contract (protocol)
+    loadgen: an outside client; of the product it may use only protocol (the wire contract,
+    option declarations and exit statuses)
 
 Every import counts, lazy ones inside functions and ``TYPE_CHECKING`` blocks included: a lazy
 import still couples the packages, it only hides the cycle until run time.

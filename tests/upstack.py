@@ -108,6 +108,9 @@ def up_processes(
                 namespace,
                 "--port",
                 str(port),
+                # Its own gRPC port: the default (8001) may be held by anything else running here.
+                "--grpc-port",
+                str(free_port()),
                 "--model-repository",
                 str(repo),
                 "--metrics-port",

@@ -1,9 +1,12 @@
-"""The benchmark scripts' pure pieces: tables, ceilings, per-level rows, repositories, meters."""
+"""The benchmark harness (bench/common.py) and the scripts' pure pieces: tables, ceilings,
+per-level rows, repositories, meters, waits and saved results."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -11,6 +14,7 @@ import pytest
 from bench import batching, common, latency_vs_load, scaleout
 from bench.common import (
     CpuMeter,
+    call_latencies,
     cpu_idle_share,
     cpu_seconds,
     fmt,
@@ -18,6 +22,8 @@ from bench.common import (
     infer_request,
     markdown_table,
     model_repository,
+    rows_per_s,
+    wait_until,
 )
 from loadgen.recorder import Recorder
 from loadgen.result import LoadResult
@@ -108,3 +114,42 @@ def test_save_stamps_revision_command_and_machine_into_results_and_a_committed_s
     assert raw["command"].startswith("python ") and raw["machine"]["cpus"] == os.cpu_count()
     common.save("plain", {})
     assert json.loads((tmp_path / "summaries" / "plain.json").read_text())["revision"]
+
+
+def test_a_summary_leaves_out_what_it_is_told_to_and_raw_saves_commit_nothing(
+    tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(common, "RESULTS", tmp_path / "results")
+    monkeypatch.setattr(common, "SUMMARIES", tmp_path / "summaries")
+    common.save("partial", {"runs": [1, 2, 3]}, commit=False)
+    assert not (tmp_path / "summaries" / "partial.json").exists()
+    common.save("partial", {"runs": [1, 2, 3], "rows": [2]}, omit=("runs",))
+    summary = json.loads((tmp_path / "summaries" / "partial.json").read_text())
+    assert summary["rows"] == [2] and "runs" not in summary
+    assert json.loads((tmp_path / "results" / "partial.json").read_text())["runs"] == [1, 2, 3]
+
+
+def test_in_process_rates_count_rows_and_time_each_call() -> None:
+    seen: list[int] = []
+    rate = rows_per_s(seen.append, 32, 0.02)
+    assert rate > 0 and seen[0] == 0 and seen[1:3] == [0, 32]  # one untimed call first
+    latencies = call_latencies(lambda: None, 0.01)
+    assert latencies and all(t >= 0 for t in latencies)
+
+
+def test_waits_end_when_the_condition_holds_and_fail_when_the_process_dies() -> None:
+    calls = iter([False, OSError("not yet"), True])
+
+    def check() -> bool:
+        got = next(calls)
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    wait_until(check, "the thing", timeout_s=5)
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    dead.wait()
+    with pytest.raises(RuntimeError, match="exited with 3"):
+        wait_until(lambda: False, "a server", timeout_s=5, proc=dead)
+    with pytest.raises(RuntimeError, match="never: not after 0 s"):
+        wait_until(lambda: False, "never", timeout_s=0.01)

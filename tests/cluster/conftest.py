@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from inferq.localcluster import LocalCluster
 from tests.conftest import DIGITS
+from tests.localcluster import LocalCluster
 from tests.support import Stack, stacks, write_simulated_model
 
 PARTITIONS = 6

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from inferq.localcluster import LocalCluster
 from protocol.keys import Keys, Lane
+from tests.localcluster import LocalCluster
 from tests.support import GatewayThread, Stack, WorkerThread, sim_body, wait_until
 
 DEADLINE_S = 3.0

@@ -14,11 +14,11 @@ import redis
 import redis.cluster
 
 from inferq.cli import main
-from inferq.localcluster import LocalCluster
 from protocol.keys import GROUP, Keys, Lane, hash_tag
 from protocol.messages import FIELD, InferResult, Status
 from tests.cluster.conftest import PARTITIONS
 from tests.conftest import DIGITS
+from tests.localcluster import LocalCluster
 from tests.support import sim_body, sim_request, wait_until
 
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())

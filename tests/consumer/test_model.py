@@ -8,7 +8,7 @@ import numpy as np
 
 from consumer.model import ServedModel
 from consumer.repository import load_config
-from protocol.messages import InferRequest, Status
+from protocol.messages import InferRequest, Status, Timings
 from protocol.tensor import Tensor
 from tests.support import write_simulated_model
 
@@ -61,6 +61,24 @@ def test_a_batch_runs_as_one_call_and_each_request_gets_its_own_rows(tmp_path):
     assert [r.outputs[0].to_numpy().tolist() for r in outcome.results] == [
         [[4.0 * i]] for i in range(5)
     ]
+
+
+def test_each_result_carries_its_waits_the_call_and_the_batch_size_even_after_bisection(tmp_path):
+    model, _ = served(tmp_path)
+    batch = [request(i, -1.0 if i == 2 else float(i)) for i in range(4)]
+    waited = [(float(i), 10.0 + i) for i in range(4)]
+    outcome = model.run(batch, "w", waited)
+    for i, result in enumerate(outcome.results):
+        t = result.timings
+        assert (t.queued_ms, t.batch_wait_ms, t.batch_size) == (float(i), 10.0 + i, 4)
+        assert t.infer_ms >= 0.0 and result.worker == "w" and result.model == "sim"
+    assert [r.status for r in outcome.results] == [Status.OK] * 2 + [Status.FAILED, Status.OK]
+
+
+def test_without_waits_a_result_waited_for_nothing(tmp_path):
+    model, _ = served(tmp_path)
+    (result,) = model.run([request(0, 1.0)], "w").results
+    assert result.timings == Timings(0.0, 0.0, result.timings.infer_ms, 1)
 
 
 def test_one_poison_input_fails_alone_and_the_rest_of_its_batch_succeeds(tmp_path):

@@ -68,30 +68,3 @@ def test_a_job_result_goes_to_its_record():
     out = outcomes().result(delivery("", reply_to=None, kind=Kind.JOB), ok())
     assert out.job is not None and out.job.key == KEYS.job("r1")
     assert out.result_key is None and not out.result_backup
-
-
-def test_timings_are_added_to_a_result_and_nothing_else_changes():
-    from dataclasses import fields
-
-    from consumer.outgoing import with_timings
-    from protocol.messages import Timings
-
-    result = InferResult(
-        "r1",
-        Status.OK,
-        "m",
-        "1",
-        outputs=[Tensor.from_numpy("y", np.ones((1, 2), dtype=np.float32))],
-        error=None,
-        worker="w1",
-        timings=Timings(infer_ms=0.5),
-    )
-    d = delivery(KEYS.result("r1"))
-    timed = with_timings(result, d, started=d.read_at + 0.002, batch_size=3)
-    assert timed.timings == Timings(
-        queued_ms=0.0, batch_wait_ms=timed.timings.batch_wait_ms, infer_ms=0.5, batch_size=3
-    )
-    assert abs(timed.timings.batch_wait_ms - 2.0) < 1e-9
-    for f in fields(InferResult):
-        if f.name != "timings":
-            assert getattr(timed, f.name) == getattr(result, f.name), f.name

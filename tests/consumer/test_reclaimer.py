@@ -14,20 +14,16 @@ import redis.asyncio as aioredis
 import structlog
 
 from consumer.ledger import Ledger
-from consumer.metrics import WorkerMetrics
 from consumer.reclaimer import Reclaimer
 from protocol.keys import GROUP, Keys, Lane
 from protocol.messages import FIELD
-from runtime.backoff import Backoff
+from runtime.loops import Loops
+from tests.consumer.support import worker_context
 from tests.support import until
 
 pytestmark = pytest.mark.integration
 
 IDLE_MS = 100
-
-
-class FakeModel:
-    name = "m"
 
 
 class FakeSlots:
@@ -78,24 +74,19 @@ def with_reclaimer(
     ledger: Ledger,
     intake: Intake,
     body: Callable[[Reclaimer], Any],
-    backoff: Backoff | None = None,
+    loops: Loops | None = None,
 ) -> None:
     async def go() -> None:
         client = aioredis.Redis.from_url(redis_url)
-        reclaimer = Reclaimer(
-            client,
-            consumer="me",
-            keys=keys,
-            slots=FakeSlots(keys),  # type: ignore[arg-type]
+        context = worker_context(
+            keys.namespace,
+            slots=FakeSlots(keys),
             ledger=ledger,
-            intake=intake,
-            now_ms=lambda: 0,
-            metrics=WorkerMetrics(),
+            loops=loops,
             max_deliveries=5,
             claim_idle_ms=IDLE_MS,
-            interval_s=0.01,
-            backoff=backoff or Backoff("reclaimer", structlog.get_logger()),
         )
+        reclaimer = Reclaimer(context, client, intake)
         try:
             await body(reclaimer)
         finally:
@@ -188,7 +179,8 @@ def test_a_redis_error_in_a_pass_is_backed_off_and_the_next_pass_runs(r, redis_u
     stream = keys.stream("m", Lane.NORMAL)
     r.set(stream, b"not a stream")  # every XPENDING on it fails with WRONGTYPE
     intake = Intake()
-    backoff = Backoff("reclaimer", structlog.get_logger())
+    loops = Loops(structlog.get_logger())
+    backoff = loops.backoff("reclaimer", critical=False)
 
     async def body(reclaimer: Reclaimer) -> None:
         task = asyncio.create_task(reclaimer.run())
@@ -201,4 +193,4 @@ def test_a_redis_error_in_a_pass_is_backed_off_and_the_next_pass_runs(r, redis_u
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    with_reclaimer(redis_url, keys, Ledger(), intake, body, backoff)
+    with_reclaimer(redis_url, keys, Ledger(), intake, body, loops)

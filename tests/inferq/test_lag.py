@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import json
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -16,8 +17,9 @@ import redis.asyncio as aioredis
 
 from inferq import lag
 from inferq.redisserver import free_port
+from protocol.exits import EXIT_BACKLOG, EXIT_OK, EXIT_REDIS, EXIT_USAGE
 from protocol.keys import GROUP, Keys, Lane
-from runtime.lag import DrainEstimator, LagSource, LaneLag, collect, dead_letters, estimate
+from runtime.lag import Backlog, DrainEstimator, LagSource, LaneLag, collect, estimate
 
 pytestmark = pytest.mark.integration
 
@@ -34,8 +36,8 @@ def keys(namespace: str) -> Keys:
     return Keys(namespace)
 
 
-def run_collect(redis_url: str, keys: Keys, **options: Any) -> list[LaneLag]:
-    async def go() -> list[LaneLag]:
+def read_backlog(redis_url: str, keys: Keys, **options: Any) -> Backlog:
+    async def go() -> Backlog:
         client = aioredis.Redis.from_url(redis_url)
         try:
             return await collect(client, keys, **options)
@@ -45,7 +47,11 @@ def run_collect(redis_url: str, keys: Keys, **options: Any) -> list[LaneLag]:
     return asyncio.run(go())
 
 
-def lane_of(rows: list[LaneLag], model: str, lane: Lane) -> LaneLag:
+def run_collect(redis_url: str, keys: Keys, **options: Any) -> tuple[LaneLag, ...]:
+    return read_backlog(redis_url, keys, **options).lanes
+
+
+def lane_of(rows: tuple[LaneLag, ...], model: str, lane: Lane) -> LaneLag:
     return next(row for row in rows if row.model == model and row.lane is lane)
 
 
@@ -170,18 +176,27 @@ def test_a_group_that_has_read_everything_has_no_lag_even_after_deletions(r, key
     assert normal.lag_exact
 
 
-def test_dead_letter_streams_are_counted_per_model(r, keys, redis_url):
+def test_dead_letter_streams_are_counted_per_model_in_the_same_reading(r, keys, redis_url):
     for _ in range(3):
         r.xadd(keys.dlq("m"), {b"reason": b"undecodable"})
+    models = {"m": 1, "clean": 1}
+    assert read_backlog(redis_url, keys, models=models).dead_letters == {"clean": 0, "m": 3}
+    assert read_backlog(redis_url, keys, models=models, detail=False).dead_letters == {}
 
-    async def go() -> dict[str, int]:
-        client = aioredis.Redis.from_url(redis_url)
-        try:
-            return await dead_letters(client, keys, ["m", "clean"])
-        finally:
-            await client.aclose()
 
-    assert asyncio.run(go()) == {"clean": 0, "m": 3}
+def test_a_reading_sums_its_lanes_by_model_lane_or_partition() -> None:
+    lanes = (
+        sample(0, read=1, lag=3, pending=1),
+        replace(sample(0, read=1, lag=2), lane=Lane.HIGH),
+        replace(sample(0, read=1, lag=4), partition=1, oldest_pending_ms=250),
+    )
+    backlog = Backlog(lanes, {"m": 2})
+    (m,) = backlog.by_model().values()
+    assert (m.length, m.lag, m.pending, m.backlog, m.oldest_pending_ms) == (3000, 9, 1, 10, 250)
+    assert backlog.by(lambda r: r.partition)[1].backlog == 4
+    assert backlog.by(lambda r: (r.model, r.lane))[("m", Lane.NORMAL)].lag == 7
+    assert backlog.partitions == {"m": 2} and backlog.sampled_ms == 0
+    assert backlog.above(9) == ["m"] and backlog.above(10) == [] and backlog.above(None) == []
 
 
 # -- the drain estimator (pure) ----------------------------------------------------------------
@@ -255,7 +270,7 @@ def test_json_output_reports_every_lane_and_a_rollup_per_model(r, keys, redis_ur
         cli("--redis", redis_url, "--namespace", keys.namespace, "--json", "--sample-s", "0")
     )
 
-    assert code == lag.EXIT_OK
+    assert code == EXIT_OK
     doc = json.loads(capsys.readouterr().out)
     assert doc["namespace"] == keys.namespace and doc["group"] == GROUP
     normal = next(row for row in doc["lanes"] if row["lane"] == "normal")
@@ -295,7 +310,7 @@ def test_a_two_sample_run_reports_the_drain_rate(r, keys, redis_url, cli, capsys
     code = lag.run(
         cli("--redis", redis_url, "--namespace", keys.namespace, "--json", "--sample-s", "0.05")
     )
-    assert code == lag.EXIT_OK
+    assert code == EXIT_OK
     normal = next(
         row for row in json.loads(capsys.readouterr().out)["lanes"] if row["lane"] == "normal"
     )
@@ -310,10 +325,10 @@ def test_fail_above_exits_3_only_when_a_models_backlog_is_above_n(r, keys, redis
     r.xadd(keys.stream("m", Lane.HIGH), {b"m": b"x"})  # 7 across lanes: lag 5 + pending 2
     base = ("--redis", redis_url, "--namespace", keys.namespace, "--sample-s", "0")
 
-    assert lag.run(cli(*base, "--fail-above", "7")) == lag.EXIT_OK
-    assert lag.run(cli(*base, "--fail-above", "6")) == lag.EXIT_BACKLOG == 3
+    assert lag.run(cli(*base, "--fail-above", "7")) == EXIT_OK
+    assert lag.run(cli(*base, "--fail-above", "6")) == EXIT_BACKLOG == 3
     assert "backlog above 6: m has 7 (lag 5 + pending 2)" in capsys.readouterr().out
-    assert lag.run(cli(*base, "--json", "--fail-above", "6")) == lag.EXIT_BACKLOG
+    assert lag.run(cli(*base, "--json", "--fail-above", "6")) == EXIT_BACKLOG
     assert json.loads(capsys.readouterr().out)["above"] == ["m"]
 
 
@@ -339,7 +354,7 @@ def test_watch_prints_one_json_document_per_refresh(r, keys, redis_url, cli, cap
     queue(r, keys, "m", 2)
     read(r, keys, "m", "w1", 1)
     argv = ("--redis", redis_url, "--namespace", keys.namespace, "--json")
-    assert lag.run(cli(*argv, "--watch", "0.05", "--count", "3")) == lag.EXIT_OK
+    assert lag.run(cli(*argv, "--watch", "0.05", "--count", "3")) == EXIT_OK
     docs = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(docs) == 3
     assert docs[0]["lanes"][1]["drain_per_s"] is None  # one sample: no rate yet
@@ -347,19 +362,19 @@ def test_watch_prints_one_json_document_per_refresh(r, keys, redis_url, cli, cap
 
 
 def test_fail_above_is_a_one_shot_check(cli, capsys):
-    assert lag.run(cli("--watch", "1", "--fail-above", "0")) == lag.EXIT_USAGE
+    assert lag.run(cli("--watch", "1", "--fail-above", "0")) == EXIT_USAGE
     assert "--fail-above" in capsys.readouterr().err
 
 
 def test_an_unreachable_redis_exits_4_with_the_url_and_no_password(cli, capsys):
     url = f"redis://:secret@127.0.0.1:{free_port()}/0"
-    assert lag.run(cli("--redis", url, "--sample-s", "0")) == lag.EXIT_REDIS == 4
+    assert lag.run(cli("--redis", url, "--sample-s", "0")) == EXIT_REDIS == 4
     err = capsys.readouterr().err
     assert "127.0.0.1" in err and "secret" not in err
 
 
 def test_no_models_is_said_plainly(redis_url, namespace, cli, capsys):
-    assert lag.run(cli("--redis", redis_url, "--namespace", namespace)) == lag.EXIT_OK
+    assert lag.run(cli("--redis", redis_url, "--namespace", namespace)) == EXIT_OK
     captured = capsys.readouterr()
     assert f"no models in namespace '{namespace}'" in captured.out
     assert "no models found" in captured.err

@@ -37,8 +37,8 @@ try:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.trace import SpanKind
 
-    from bench.otlp import OtlpReceiver, ReceivedSpan
     from runtime.otel import OtelTracer
+    from tests.otlp import OtlpReceiver, ReceivedSpan
 except ImportError:  # pragma: no cover - the otel extra is part of dev
     missing("the otel extra (pip install -e '.[otel]')", module=True)
 

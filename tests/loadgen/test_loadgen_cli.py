@@ -15,18 +15,16 @@ import pytest
 
 from loadgen.cli import (
     DEFAULT_URL,
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    UsageError,
     _mode,
     add_parser,
-    is_loopback,
     main,
     resolve_url,
     run,
 )
 from loadgen.schedule import RateSchedule
+from loadgen.settings import LoadgenSettings, is_loopback
+from protocol.exits import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from protocol.options import from_args
 
 METADATA = {
     "name": "m",
@@ -45,6 +43,12 @@ def parse(argv: list[str], environ: dict[str, str] | None = None) -> argparse.Na
     return parser.parse_args(["loadgen", *argv])
 
 
+def settings(argv: list[str], environ: dict[str, str] | None = None) -> LoadgenSettings:
+    """The settings ``run`` builds from those arguments."""
+    built: LoadgenSettings = from_args(LoadgenSettings, parse(argv, environ))
+    return built
+
+
 def test_subcommand_flags_and_defaults() -> None:
     args = parse(["--model", "digits", "--rate", "100:1000:10s", "--binary", "--rows", "4"])
     assert args.func is run
@@ -52,13 +56,16 @@ def test_subcommand_flags_and_defaults() -> None:
     assert isinstance(args.rate, RateSchedule) and args.rate.length_s == 10
     assert args.concurrency is None and args.duration is None and args.warmup == 1.0
     assert args.max_requests == 10_000_000 and args.max_connections == 512
-    assert _mode(args) == (args.rate, 0)
-    args = parse(["-c", "8", "-d", "2m", "--shape", "x=2,4", "--param", "priority=1", "-H", "a: b"])
-    assert _mode(args) == (None, 8)
-    assert args.duration == 120.0
-    assert args.shape == [("x", (2, 4))] and args.param == [("priority", 1)]
-    assert args.header == [("a", "b")]
-    assert _mode(parse([])) == (None, 16)
+    assert _mode(from_args(LoadgenSettings, args)) == (args.rate, 0)
+    given = settings(
+        ["-c", "8", "-d", "2m", "--shape", "x=2,4", "--param", "priority=1", "-H", "a: b"]
+    )
+    assert _mode(given) == (None, 8)
+    assert given.duration == 120.0
+    assert given.shape == (("x", (2, 4)),) and given.param == (("priority", 1),)
+    assert given.header == (("a", "b"),)
+    assert _mode(settings([])) == (None, 16)
+    assert settings([]) == LoadgenSettings()  # no flag, no variable: the declared defaults
 
 
 def test_environment_supplies_defaults_and_the_command_line_wins() -> None:
@@ -68,15 +75,15 @@ def test_environment_supplies_defaults_and_the_command_line_wins() -> None:
         "INFERQ_LOADGEN_CONCURRENCY": "3",
         "INFERQ_LOADGEN_MODEL": "m",
     }
-    args = parse([], env)
-    assert (args.duration, args.max_connections, args.model) == (5.0, 7, "m")
-    assert _mode(args) == (None, 3)
-    assert _mode(parse(["--rate", "50"], env))[0] is not None  # the flag beats the env
-    assert parse(["--duration", "1"], env).duration == 1.0
+    got = settings([], env)
+    assert (got.duration, got.max_connections, got.model) == (5.0, 7, "m")
+    assert _mode(got) == (None, 3)
+    assert _mode(settings(["--rate", "50"], env))[0] is not None  # the flag beats the env
+    assert settings(["--duration", "1"], env).duration == 1.0
     env_rate = {"INFERQ_LOADGEN_RATE": "200", "INFERQ_LOADGEN_CONCURRENCY": "3"}
-    schedule, _ = _mode(parse([], env_rate))
+    schedule, _ = _mode(settings([], env_rate))
     assert schedule is not None and schedule.final_rps == 200
-    assert _mode(parse(["-c", "2"], env_rate)) == (None, 2)
+    assert _mode(settings(["-c", "2"], env_rate)) == (None, 2)
 
 
 @pytest.mark.parametrize(
@@ -99,14 +106,14 @@ def test_bad_flags_are_usage_errors(argv, environ, message, capsys) -> None:
 
 
 def test_only_a_url_on_the_command_line_may_leave_the_machine() -> None:
-    assert resolve_url(parse([])) == DEFAULT_URL
-    assert resolve_url(parse([], {"INFERQ_LOADGEN_URL": "http://localhost:9"})).endswith(":9")
-    with pytest.raises(UsageError, match="pass --url"):
-        resolve_url(parse([], {"INFERQ_LOADGEN_URL": "http://10.0.0.5:8000"}))
-    explicit = parse(["--url", "http://10.0.0.5:8000"], {"INFERQ_LOADGEN_URL": "http://x:1"})
+    assert resolve_url(settings([])) == DEFAULT_URL
+    assert resolve_url(settings([], {"INFERQ_LOADGEN_URL": "http://localhost:9"})).endswith(":9")
+    with pytest.raises(ValueError, match="pass --url"):
+        settings([], {"INFERQ_LOADGEN_URL": "http://10.0.0.5:8000"})
+    explicit = settings(["--url", "http://10.0.0.5:8000"], {"INFERQ_LOADGEN_URL": "http://x:1"})
     assert resolve_url(explicit) == "http://10.0.0.5:8000"
     with pytest.raises(ValueError, match="https"):
-        resolve_url(parse(["--url", "https://127.0.0.1/"]))
+        resolve_url(settings(["--url", "https://127.0.0.1/"]))
     assert all(map(is_loopback, ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost"]))
     assert not any(map(is_loopback, ["10.0.0.1", "example.com", "0.0.0.0", "::"]))
 

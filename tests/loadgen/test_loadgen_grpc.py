@@ -8,7 +8,8 @@ import json
 import pytest
 
 from inferq.redisserver import free_port
-from loadgen.cli import EXIT_FAILED, EXIT_OK, main
+from loadgen.cli import main
+from protocol.exits import EXIT_FAILED, EXIT_OK
 
 pytestmark = pytest.mark.integration
 

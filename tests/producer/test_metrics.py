@@ -290,7 +290,7 @@ def test_a_failed_refresh_is_counted_and_the_refresher_keeps_going():
     async def go() -> None:
         client = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}/0")
         gauges = StreamGauges(m, client, Keys("nowhere"), interval_s=0.01)
-        gauges.start()
+        task = asyncio.create_task(gauges.run())  # the gateway's Loops own it in service
         try:
             for _ in range(1000):  # up to 10 s
                 if (sample(m, "inferq_stream_gauges_refresh_failures_total") or 0) >= 3:
@@ -299,7 +299,8 @@ def test_a_failed_refresh_is_counted_and_the_refresher_keeps_going():
             else:
                 pytest.fail("no failed refresh was counted")
         finally:
-            await gauges.stop()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
             await client.aclose()
 
     asyncio.run(go())

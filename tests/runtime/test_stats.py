@@ -14,7 +14,7 @@ from protocol.keys import GROUP, Keys, Lane
 from protocol.registry import ModelMetadata
 from protocol.stats import StatsSnapshot
 from runtime.backoff import Backoff
-from runtime.stats import StatsRefresher, read_snapshot, to_lanes
+from runtime.stats import StatsRefresher, read_snapshot, to_backlog
 
 META = ModelMetadata("m", ("1",), "1", "simulated", (), (), 8, 1000, False, 0, {}, 2)
 
@@ -64,7 +64,7 @@ def test_one_gateway_publishes_every_partition_and_lane_for_everyone(keys, redis
 
     snapshot = asyncio.run(main())
     assert snapshot is not None and snapshot.publisher == "gw-1"
-    lanes = {(x.model, x.lane, x.partition): x for x in to_lanes(snapshot, keys)}
+    lanes = {(x.model, x.lane, x.partition): x for x in to_backlog(snapshot, keys).lanes}
     assert lanes[("m", Lane.NORMAL, 0)].lag == 3
     assert (lanes[("m", Lane.NORMAL, 1)].lag, lanes[("m", Lane.NORMAL, 1)].pending) == (2, 2)
     assert len(lanes) == 6  # 2 partitions x 3 lanes, from the advertised metadata

@@ -4,6 +4,7 @@ forwarding all derive from the declaration."""
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,8 @@ import pytest
 from consumer.settings import WorkerSettings
 from inferq.cli import build_parser
 from producer.settings import GatewaySettings
+from protocol.options import add_flags, forward_argv, from_args, option, options
 from runtime.connections import RedisSettings
-from runtime.options import add_flags, forward_argv, from_args, options
 
 
 def parser_for(*classes: type, environ: dict[str, str] | None = None) -> argparse.ArgumentParser:
@@ -110,3 +111,56 @@ def test_overrides_replace_a_forwarded_value():
     up = build_parser({}).parse_args(["up"])
     argv, _ = forward_argv(up, [WorkerSettings], redis="redis://127.0.0.1:1234/0")
     assert argv[argv.index("--redis") + 1] == "redis://127.0.0.1:1234/0"
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A command with the kinds of flags loadgen declares."""
+
+    target: str | None = option(
+        None, flag="--target", env="T_TARGET", env_check=lambda v: _local(v), help="where"
+    )
+    fast: bool = option(False, flag="--fast", kind="switch", group="mode", help="go")
+    tag: tuple[str, ...] = option((), flag="--tag", aliases=("-t",), kind="repeat", help="")
+    count: int | None = option(
+        None, flag="--count", env="T_COUNT", parse=int, exclusive="loop", help=""
+    )
+    rate: float | None = option(
+        None, flag="--rate", env="T_RATE", parse=float, exclusive="loop", help=""
+    )
+    show: bool | None = option(None, flag="--show", kind="toggle", help="")
+
+
+def _local(value: str) -> None:
+    if not value.startswith("local"):
+        raise ValueError(f"{value} from T_TARGET: only local targets come from the environment")
+
+
+def tool(argv: list[str], environ: dict[str, str] | None = None) -> Tool:
+    built: Tool = from_args(Tool, parser_for(Tool, environ=environ).parse_args(argv))
+    return built
+
+
+def test_switches_repeats_aliases_and_toggles_derive_from_the_declaration():
+    assert tool([]) == Tool()
+    got = tool(["--fast", "-t", "a", "--tag", "b", "--no-show"])
+    assert (got.fast, got.tag, got.show) == (True, ("a", "b"), False)
+    assert "mode" in [g.title for g in parser_for(Tool)._action_groups]
+
+
+def test_of_exclusive_flags_one_on_the_command_line_beats_every_variable():
+    environ = {"T_RATE": "2.5", "T_COUNT": "3"}
+    assert (tool([], environ).count, tool([], environ).rate) == (3, 2.5)
+    assert (tool(["--count", "7"], environ).count, tool(["--count", "7"], environ).rate) == (
+        7,
+        None,
+    )
+    with pytest.raises(SystemExit):
+        tool(["--count", "1", "--rate", "1"])
+
+
+def test_a_checked_variable_is_checked_and_a_flag_is_not():
+    assert tool(["--target", "far"], {"T_TARGET": "far"}).target == "far"
+    assert tool([], {"T_TARGET": "local:1"}).target == "local:1"
+    with pytest.raises(ValueError, match="only local targets"):
+        tool([], {"T_TARGET": "far"})

@@ -13,6 +13,9 @@ child process. Everything else derives from that one declaration:
 The default is the dataclass field's own default: tests that construct settings directly get
 the same values as a user who gives no flag. The one exception is declared next to the field
 (``Option.cli_default``), with its reason.
+
+It lives in ``protocol`` because flags and variables are a contract, and because every command
+uses it: the product's and loadgen's, which may import nothing of the product but ``protocol``.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 _MISSING: Any = dataclasses.MISSING
+_FROM_ENV = "option_environment"
+"""The ``argparse`` attribute holding the variables ``add_flags`` kept apart for ``from_args``."""
 
 
 class _Unset:
@@ -40,8 +45,9 @@ class Option:
     """How a user sets one settings field."""
 
     flag: str
-    env: str
     help: str
+    env: str = ""
+    """The variable; "" for a flag that has none."""
     parse: Callable[[str], Any] = str
     """Text (a flag's value or the variable's) to the field's value; raises ValueError."""
     render: Callable[[Any], str] = str
@@ -57,10 +63,30 @@ class Option:
     """The parsed value to the field's value, where they differ (a URL to ``RedisSettings``)."""
     dest: str = ""
     """The ``argparse`` attribute; by default the flag's name with underscores."""
+    kind: Literal["value", "switch", "repeat", "toggle"] = "value"
+    """``switch``: a flag alone sets True; ``repeat``: each use adds one parsed value to a tuple;
+    ``toggle``: ``--x`` / ``--no-x``, None when neither is given."""
+    aliases: tuple[str, ...] = ()
+    """Short forms of the flag (``-c``)."""
+    metavar: str | None = None
+    group: str | None = None
+    """The section of ``--help`` the flag is listed in."""
+    exclusive: str = ""
+    """Flags that share this name exclude each other; one given on the command line also beats
+    the variables of all of them (``from_args`` resolves it)."""
+    env_check: Callable[[Any], None] | None = None
+    """Checks a value that came from the variable, not the command line (``from_args`` calls
+    it; it raises ValueError with the reason)."""
 
     def __post_init__(self) -> None:
         if not self.dest:
             object.__setattr__(self, "dest", self.flag.lstrip("-").replace("-", "_"))
+
+    @property
+    def env_apart(self) -> bool:
+        """Whether the variable's value must be told apart from a flag's (resolved later by
+        ``from_args``) instead of becoming the flag's default."""
+        return bool(self.exclusive) or self.env_check is not None
 
 
 def option(default: Any = _MISSING, *, default_factory: Any = _MISSING, **kwargs: Any) -> Any:
@@ -89,9 +115,26 @@ def _default(f: dataclasses.Field[Any], opt: Option) -> Any:
 
 
 def _shown(value: Any, opt: Option) -> str:
-    if value is None or value == "" or value == ():
+    if value is None or value == "" or value == () or opt.kind != "value":
         return ""
     return f" (default: {opt.render(value)})"
+
+
+def _container(
+    parser: argparse.ArgumentParser,
+    opt: Option,
+    exclusive: dict[str, argparse._MutuallyExclusiveGroup],
+) -> Any:
+    """Where the flag goes: the parser, its ``--help`` section, or an exclusive group in it."""
+    into: Any = parser
+    if opt.group is not None:
+        into = next((g for g in parser._action_groups if g.title == opt.group), None)
+        into = into or parser.add_argument_group(opt.group)
+    if opt.exclusive:
+        if opt.exclusive not in exclusive:
+            exclusive[opt.exclusive] = into.add_mutually_exclusive_group()
+        into = exclusive[opt.exclusive]
+    return into
 
 
 def add_flags(
@@ -104,6 +147,8 @@ def add_flags(
     """Add the options of the classes (each once; ``only`` these fields) to ``parser``.
     ``flag`` renames the one option that ``only`` selects (same variable)."""
     seen = {a.dest for a in parser._actions}
+    exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    apart: dict[str, Any] = dict(parser.get_default(_FROM_ENV) or {})
     for cls in settings_classes:
         for f, opt in options(cls):
             dest = opt.dest if flag is None else flag.lstrip("-").replace("-", "_")
@@ -111,8 +156,8 @@ def add_flags(
                 continue
             seen.add(dest)
             default = _default(f, opt)
-            raw = environ.get(opt.env)
             value = default
+            raw = environ.get(opt.env) if opt.env else None
             if raw is not None:
                 try:
                     value = opt.parse(raw)
@@ -120,24 +165,48 @@ def add_flags(
                     parser.error(
                         f"environment variable {opt.env}={raw!r} is not a valid {opt.flag}"
                     )
-            parser.add_argument(
-                flag or opt.flag,
-                type=opt.parse,
-                default=value,
-                choices=opt.choices,
-                dest=dest,
-                help=f"{opt.help}{_shown(default, opt)} [env {opt.env}]",
-            )
+                if opt.env_apart:
+                    apart[dest], value = value, default
+            env = f" [env {opt.env}]" if opt.env else ""
+            kwargs: dict[str, Any] = {
+                "dest": dest,
+                "help": f"{opt.help}{_shown(default, opt)}{env}",
+            }
+            if opt.kind == "switch":
+                kwargs["action"] = "store_true"
+            elif opt.kind == "toggle":
+                kwargs.update(action=argparse.BooleanOptionalAction, default=value)
+            else:
+                kwargs.update(type=opt.parse, choices=opt.choices, metavar=opt.metavar)
+                if opt.kind == "repeat":
+                    kwargs.update(action="append", default=None)
+                else:
+                    kwargs["default"] = value
+            into = _container(parser, opt, exclusive)
+            into.add_argument(flag or opt.flag, *opt.aliases, **kwargs)
+    if apart:
+        parser.set_defaults(**{_FROM_ENV: apart})
 
 
 def from_args(settings_class: type, args: argparse.Namespace, **extra: Any) -> Any:
     """The settings object from parsed arguments; an unset option (None) keeps the field's
-    own default, ``extra`` sets fields that have no flag."""
+    own default, ``extra`` sets fields that have no flag. Variables ``add_flags`` kept apart
+    apply here: checked, and only where no flag of their exclusive group was given."""
     values = dict(extra)
-    for f, opt in options(settings_class):
+    from_env: Mapping[str, Any] = getattr(args, _FROM_ENV, None) or {}
+    fields = options(settings_class)
+    given = {opt.exclusive for _, opt in fields if getattr(args, opt.dest, None) is not None}
+    for f, opt in fields:
         value = getattr(args, opt.dest, None)
-        if value is not None:
-            values[f.name] = value if opt.build is None else opt.build(value)
+        if value is None and opt.dest in from_env and opt.exclusive not in given - {""}:
+            value = from_env[opt.dest]
+            if opt.env_check is not None:
+                opt.env_check(value)
+        if value is None:
+            continue
+        if opt.kind == "repeat":
+            value = tuple(value)
+        values[f.name] = value if opt.build is None else opt.build(value)
     return settings_class(**values)
 
 

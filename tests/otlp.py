@@ -1,4 +1,4 @@
-"""An OTLP/HTTP trace receiver on a loopback port, for the tracing test and benchmark.
+"""An OTLP/HTTP trace receiver on a loopback port, for the tracing tests.
 
 It stands in for an OpenTelemetry Collector: processes started with
 ``OTEL_EXPORTER_OTLP_ENDPOINT=<receiver.url>`` and ``OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf``
