@@ -1,19 +1,17 @@
-"""The Starlette application: V2 routes that parse HTTP, delegate, and format the answer.
-
-This is the one route table (OpenAPI and the request metrics derive from it), with each route's
-thin handler beside its declaration; that keeps every path written once, at the cost of a module
-just over 500 lines.
+"""The Starlette application: the one route table, and the thin handlers of every route but
+infer (``producer.fastpath`` serves that one). Handlers read HTTP, delegate to the gateway's
+services, and format the answer; refusals become V2 error bodies in the exception handlers
+(``producer.errors.http_form``). OpenAPI and the request metrics derive from the table.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
-import structlog
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -25,24 +23,17 @@ from starlette.types import Receive, Scope, Send
 import runtime
 from producer import fastpath
 from producer import openapi as api
-from producer.errors import (
-    INTERNAL_MESSAGE,
-    BadRequest,
-    GatewayError,
-)
+from producer.errors import BadRequest, GatewayError, answer_for, error_body, http_form
 from producer.gateway import Gateway
-from producer.httpbody import caller_traceparent, header_length, read_body
-from producer.inflight import BodyHold
-from producer.instrument import RequestMetrics, RequestTracing
+from producer.httpbody import body_chunks, caller_traceparent, read_body, read_inference_body
+from producer.instrument import Instrument, RequestMetrics, observation
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
 from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
+from producer.v2_request import parse_infer_request
 from protocol.jobs import JobRecord
-from runtime.tracing import Tracer
-
-log = structlog.get_logger("inferq.gateway")
 
 EXTENSIONS = ["binary_tensor_data", "schedule_policy", "async_jobs"]
 
@@ -108,64 +99,40 @@ async def model_ready(request: Request) -> Response:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class _InferenceCall:
-    """What every inference-shaped route reads from HTTP before delegating."""
-
-    model: str
-    version: str | None
-    body: bytes
-    header_length: int | None
-    traceparent: str
-
-
-async def _inference_call(request: Request, hold: BodyHold) -> _InferenceCall:
-    p = request.path_params
-    length = header_length(request.headers)  # before reading: a bad Content-Type is 415 at once
-    settings = _gateway(request).settings
-    raw = await read_body(
-        request.headers,
-        request.stream(),
-        settings.max_body_bytes,
-        hold=hold,
-        timeout_s=settings.body_timeout_s,
-    )
-    return _InferenceCall(
-        p["model"], p.get("version"), raw, length, caller_traceparent(request.headers)
-    )
-
-
-def _binary_or_json(
-    body: bytes, json_length: int | None, headers: dict[str, str], status_code: int = 200
+def _job_response(
+    record: JobRecord, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    """A V2 body: plain JSON, or JSON plus binary tensors (the binary tensor extension)."""
+    """A job document: plain JSON, or JSON plus binary tensors when its result has them."""
+    body, json_length = render_job(record)
+    headers = dict(headers or {})
     if json_length is None:
         return Response(body, status_code, headers, media_type="application/json")
     headers["inference-header-content-length"] = str(json_length)
     return Response(body, status_code, headers, media_type="application/octet-stream")
 
 
-def _job_response(
-    record: JobRecord, status_code: int = 200, headers: dict[str, str] | None = None
-) -> Response:
-    body, json_length = render_job(record)
-    return _binary_or_json(body, json_length, dict(headers or {}), status_code)
-
-
 async def submit_job(request: Request) -> Response:
     gateway = _gateway(request)
+    p = request.path_params
+    seen = observation(request.scope)
+    if seen is not None:
+        seen.trace_http(request.scope, "job_submit", p["model"], p.get("version"))
     with gateway.service.hold_body() as hold:
-        call = await _inference_call(request, hold)
+        raw, length = await read_inference_body(
+            request.headers, request.receive, hold, gateway.settings
+        )
+        trace_context = caller_traceparent(request.headers)
         submitted = await gateway.jobs.submit(
-            call.model,
-            call.version,
-            call.body,
-            call.header_length,
+            p["model"],
+            p.get("version"),
+            functools.partial(parse_infer_request, raw, length),
             idempotency_key=request.headers.get("idempotency-key"),
-            traceparent=call.traceparent,
+            traceparent=trace_context,
         )
     record = submitted.record
-    headers = {"location": f"/v2/jobs/{record.id}", "traceparent": call.traceparent}
+    if seen is not None:
+        seen.routed = record.version
+    headers = {"location": f"/v2/jobs/{record.id}", "traceparent": trace_context}
     if submitted.replayed:
         headers["idempotent-replayed"] = "true"
     return _job_response(record, 202, headers)
@@ -196,7 +163,7 @@ async def _admin_body(request: Request) -> dict[str, Any]:
     _gateway(request).admin.authorize(request.headers.get("authorization"))
     raw = await read_body(
         request.headers,
-        request.stream(),
+        body_chunks(request.receive),
         ADMIN_BODY_LIMIT,
         timeout_s=_gateway(request).settings.body_timeout_s,
     )
@@ -239,43 +206,41 @@ async def openapi(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
 
+def _error_response(error: GatewayError) -> Response:
+    status, body, headers = http_form(error)
+    return Response(body, status, headers, media_type="application/json")
+
+
 async def gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers())
+    seen = observation(request.scope)
+    if seen is not None and exc.routed is not None:
+        seen.routed = exc.routed
+    return _error_response(exc)
 
 
 async def http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no route for the path, a method the route lacks)."""
     assert isinstance(exc, HTTPException)
     message = {
         404: f"no such endpoint: {request.method} {request.url.path}",
         405: f"method {request.method} is not allowed on {request.url.path}",
     }
-    return JSONResponse(
-        {"error": message.get(exc.status_code, exc.detail)},
-        status_code=exc.status_code,
-        headers=exc.headers,
-    )
+    body = error_body(message.get(exc.status_code, exc.detail))
+    return Response(body, exc.status_code, exc.headers, media_type="application/json")
 
 
 async def internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error", path=request.url.path)
-    return JSONResponse({"error": INTERNAL_MESSAGE}, status_code=500)
+    return _error_response(answer_for(exc, path=request.url.path))
 
 
-def routes(tracer: Tracer | None = None) -> list[Route]:
-    """The HTTP surface, each path once: Starlette routes it, :mod:`producer.instrument` labels
-    its metrics by the route's name, and :func:`producer.openapi.document` describes it from the
-    route's :class:`~producer.openapi.Operation`."""
+def routes() -> list[Route]:
+    """The HTTP surface, each path once: Starlette routes it (the infer POSTs are matched by
+    ``producer.fastpath`` with these same routes' patterns), :mod:`producer.instrument` labels
+    its metrics by the route's name, and :func:`producer.openapi.document` describes it from
+    the route's :class:`~producer.openapi.Operation`."""
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
-
-    def traced(endpoint: str) -> list[Middleware] | None:
-        """With a tracer, the inference routes open each request's trace (nothing else is
-        traced: health checks, scrapes and polls would only add noise)."""
-        if tracer is None:
-            return None
-        return [Middleware(RequestTracing, tracer=tracer, endpoint=endpoint)]
-
     per_model: list[Route] = []
     for base in (model, versioned):
         per_model += [
@@ -283,19 +248,13 @@ def routes(tracer: Tracer | None = None) -> list[Route]:
             ApiRoute(base + "/ready", model_ready, api.MODEL_READY, name="model_ready"),
             ApiRoute(
                 base + "/infer",
-                fastpath.endpoint,
+                fastpath.starlette_endpoint,
                 api.INFER,
                 name="infer",
                 methods=["POST"],
-                middleware=traced("infer"),
             ),
             ApiRoute(
-                base + "/jobs",
-                submit_job,
-                api.SUBMIT_JOB,
-                name="job_submit",
-                methods=["POST"],
-                middleware=traced("job_submit"),
+                base + "/jobs", submit_job, api.SUBMIT_JOB, name="job_submit", methods=["POST"]
             ),
         ]
     repository = "/v2/repository"
@@ -335,8 +294,8 @@ def routes(tracer: Tracer | None = None) -> list[Route]:
 
 
 class GatewayApp(Starlette):
-    """Starlette, with the inference route served first by ``producer.fastpath`` (the hot
-    path skips Starlette's routing and middleware; it does their work for that one route)."""
+    """Starlette, with the infer route served first by ``producer.fastpath`` (the hot path
+    skips Starlette's routing and middleware; it does their work for that one route)."""
 
     def __init__(self, fast: fastpath.InferFastPath, **kwargs: Any) -> None:
         super().__init__(**kwargs)
@@ -369,15 +328,13 @@ def create_app(settings: GatewaySettings) -> Starlette:
                 await grpc_server.stop()
             await gateway.stop()
 
-    traced = gateway.tracer if gateway.tracer.enabled else None
-    table = routes(traced)
+    instrument = Instrument(gateway, gateway.tracer if gateway.tracer.enabled else None)
+    table = routes()
     app = GatewayApp(
-        fastpath.InferFastPath(gateway, traced),
+        fastpath.InferFastPath(gateway, instrument, table),
         routes=table,
         lifespan=lifespan,
-        middleware=[
-            Middleware(RequestMetrics, gateway=gateway, routes=table, exemplars=bool(traced))
-        ],
+        middleware=[Middleware(RequestMetrics, instrument=instrument, routes=table)],
         exception_handlers={
             GatewayError: gateway_error,
             HTTPException: http_error,

@@ -1,12 +1,24 @@
-"""Errors the gateway answers with, each mapped to one HTTP status.
+"""Errors the gateway answers with: one class per HTTP status, and the one mapping from an
+exception to what a caller is told.
 
-Routes and the inference service raise these; one exception handler turns them into the V2
-error body ``{"error": "..."}``. Messages are written for the person who sent the request.
+Routes and services raise these with a message written for the person who sent the request.
+``answer_for`` turns any exception into one (an unexpected one is logged and becomes a 500 that
+says nothing of it); ``http_form`` gives its status, V2 error body ``{"error": "..."}`` and
+headers. The gRPC form (``producer.grpc_service``) derives from the same classes: the code of the
+status (``protocol.grpc.status``), the message, and ``retry_after`` as trailing metadata.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
+import structlog
+
 from runtime.faults import Fault, classify, describe
+
+log = structlog.get_logger("inferq.gateway")
 
 INTERNAL_MESSAGE = "internal error in the gateway; see its log"
 """What a caller is told of an unexpected exception; the details go to the gateway's log."""
@@ -17,6 +29,8 @@ class GatewayError(Exception):
     default_retry_after_s: float | None = None
     """``Retry-After`` when the raiser names none: refusals that pass (429, 503) always say when
     to come back, so a client's retry loop never has to guess."""
+    routed: str | None = None
+    """The version the request had been routed to when it was refused (the metrics label)."""
 
     def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
         super().__init__(message)
@@ -26,12 +40,39 @@ class GatewayError(Exception):
     def __str__(self) -> str:
         return self.message
 
+    def retry_after(self) -> str | None:
+        """The ``Retry-After`` value (whole seconds, at least 1), if the refusal has one."""
+        if self.retry_after_s is None:
+            return None
+        return str(max(1, round(self.retry_after_s)))
+
     def headers(self) -> dict[str, str]:
         """The response headers this refusal comes with."""
-        headers = {}
-        if self.retry_after_s is not None:
-            headers["retry-after"] = str(max(1, round(self.retry_after_s)))
-        return headers
+        retry_after = self.retry_after()
+        return {} if retry_after is None else {"retry-after": retry_after}
+
+
+def answer_for(error: BaseException, **where: Any) -> GatewayError:
+    """What the caller is told of ``error``: itself if it is a GatewayError; for a cancelled
+    call, 499; for anything else (a bug), a 500 that names nothing, the traceback logged."""
+    if isinstance(error, GatewayError):
+        return error
+    if isinstance(error, asyncio.CancelledError):
+        return ClientClosedRequest("the call was cancelled before its answer was ready")
+    log.error("unhandled error", exc_info=error, **where)
+    return GatewayError(INTERNAL_MESSAGE)
+
+
+def error_body(message: str) -> bytes:
+    """The V2 error body, byte for byte what Starlette's ``JSONResponse`` sends."""
+    return json.dumps(
+        {"error": message}, ensure_ascii=False, allow_nan=False, separators=(",", ":")
+    ).encode()
+
+
+def http_form(error: GatewayError) -> tuple[int, bytes, dict[str, str]]:
+    """The HTTP answer to a refusal: status, V2 error body, headers."""
+    return error.status, error_body(error.message), error.headers()
 
 
 class BadRequest(GatewayError):

@@ -1,60 +1,52 @@
-"""The inference route, served without Starlette's routing, Request and middleware layers.
+"""The infer route, the only way ``POST /v2/models/{model}[/versions/{version}]/infer`` is served.
 
-``POST /v2/models/{model}[/versions/{version}]/infer`` is nearly all of a gateway's traffic.
-Profiled at concurrency 64 (BENCHMARKS.md, issue #14), Starlette's routing, its Request object,
-its exception wrappers and the metrics middleware's wrapped ``send`` took about a quarter of the
-gateway's CPU. ``GatewayApp`` (``producer.app``) hands this one route to ``InferFastPath``
-straight from the server's ASGI call, and the fast path does what those layers did for it,
-once and in the same order: the request metrics and, when tracing is on, the request's server
-span (``producer.instrument``), and the V2 error bodies of ``producer.app``'s exception handlers.
-
-Every other request, and an infer request whose path the fast path does not recognise (under a
-root path, say), goes through Starlette to ``endpoint``: the same ``respond`` behind the
-ordinary middleware and exception handlers, so both ways answer alike.
+It is nearly all of a gateway's traffic, and Starlette's routing, Request object, exception
+wrappers and middleware took about a quarter of the gateway's CPU on it (BENCHMARKS.md, issue
+#14). So ``GatewayApp`` (``producer.app``) hands it to ``InferFastPath`` straight from the
+server's ASGI call, and the fast path does what those layers did, once: it matches the path
+with the route table's own patterns after stripping ``root_path`` as Starlette does (so it
+serves under a root path too, and Starlette never sees an infer POST), observes the request
+(``producer.instrument``), and answers a refusal with its V2 error body (``producer.errors``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import json
 import re
-import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import structlog
 from starlette.datastructures import Headers
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
-from producer.errors import INTERNAL_MESSAGE, ClientClosedRequest, GatewayError
-from producer.httpbody import caller_traceparent, header_length, no_cache, read_body
-from producer.instrument import observe, open_trace
-from producer.routing import ROUTED_VERSION
-from producer.v2 import encode_infer_response
-from runtime.tracing import REQUEST_TRACE, Tracer
+from producer.errors import GatewayError, http_form
+from producer.httpbody import caller_traceparent, no_cache, read_inference_body
+from producer.instrument import Instrument, content_length
+from producer.v2_request import parse_infer_request
+from producer.v2_response import encode_infer_response, response_document
+from runtime.tracing import REQUEST_TRACE
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
-
     from producer.gateway import Gateway
-
-log = structlog.get_logger("inferq.gateway")
-
-INFER_PATH = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
-"""The two infer paths of ``producer.app.routes``, as Starlette matches them."""
 
 _JSON = b"application/json"
 _BINARY = b"application/octet-stream"
 
 
-async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
-    """The request body as it arrives (what Starlette's ``Request.stream`` does)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientClosedRequest("the client went away while sending its request")
-        yield message.get("body", b"")
-        if not message.get("more_body", False):
-            return
+def route_path(scope: Scope) -> str:
+    """The path the routes match: ``path`` less ``root_path``, as Starlette's
+    ``get_route_path`` (``starlette._utils``, private; written against Starlette 1.10)."""
+    path: str = scope["path"]
+    root_path: str = scope.get("root_path", "")
+    if not root_path or not path.startswith(root_path):
+        return path
+    if path == root_path:
+        return ""
+    return path[len(root_path) :] if path[len(root_path)] == "/" else path
 
 
 async def _disconnect(receive: Receive) -> None:
@@ -66,27 +58,18 @@ async def _disconnect(receive: Receive) -> None:
 
 async def respond(
     gateway: Gateway, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
-) -> None:
-    """Answer one infer request with its outputs (JSON, or binary tensors when asked for).
-    Refusals raise ``GatewayError``; the caller turns them into V2 error bodies."""
+) -> str:
+    """Answer one infer request with its outputs (JSON, or binary tensors when asked for), and
+    return the version it was routed to. Refusals raise ``GatewayError``."""
     headers = Headers(scope=scope)
     service = gateway.service
-    settings = gateway.settings
     with service.hold_body() as hold:
-        length = header_length(headers)  # before reading: a bad Content-Type is 415 at once
-        raw = await read_body(
-            headers,
-            _chunks(receive),
-            settings.max_body_bytes,
-            hold=hold,
-            timeout_s=settings.body_timeout_s,
-        )
+        raw, length = await read_inference_body(headers, receive, hold, gateway.settings)
         trace_context = caller_traceparent(headers)
         outcome = await service.infer(
             model,
             version,
-            raw,
-            length,
+            functools.partial(parse_infer_request, raw, length),
             no_cache=no_cache(headers),
             traceparent=trace_context,
             disconnected=functools.partial(_disconnect, receive),
@@ -94,12 +77,14 @@ async def respond(
         result = outcome.result
         with REQUEST_TRACE.get().span("encode response"):
             body, json_length = encode_infer_response(
-                client_id=outcome.body.client_id,
-                model_name=result.model,
-                model_version=result.version,
-                outputs=result.outputs,
-                binary_outputs=outcome.body.binary_outputs,
-                binary_all=outcome.body.binary_all,
+                *response_document(
+                    client_id=outcome.body.client_id,
+                    model_name=result.model,
+                    model_version=result.version,
+                    outputs=result.outputs,
+                    binary_outputs=outcome.body.binary_outputs,
+                    binary_all=outcome.body.binary_all,
+                )
             )
     response_headers = [
         (b"content-length", str(len(body)).encode()),
@@ -111,87 +96,64 @@ async def respond(
         response_headers.append((b"inference-header-content-length", str(json_length).encode()))
     await send({"type": "http.response.start", "status": 200, "headers": response_headers})
     await send({"type": "http.response.body", "body": body})
+    return outcome.version
 
 
-async def send_error(
-    send: Send, status: int, message: str, headers: dict[str, str] | None = None
-) -> None:
-    """A V2 error body, byte for byte what Starlette's ``JSONResponse`` sends."""
-    body = json.dumps(
-        {"error": message}, ensure_ascii=False, allow_nan=False, separators=(",", ":")
-    ).encode()
+async def send_error(send: Send, error: GatewayError) -> None:
+    """The refusal's V2 error body, as the Starlette routes' exception handlers send it."""
+    status, body, headers = http_form(error)
     raw = [(b"content-length", str(len(body)).encode()), (b"content-type", _JSON)]
-    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    raw += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
 class InferFastPath:
-    """The infer route with its metrics, trace and error handling (see the module docstring)."""
+    """The infer route with its observation and error answers (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway, tracer: Tracer | None) -> None:
+    def __init__(
+        self, gateway: Gateway, instrument: Instrument, routes: Iterable[BaseRoute]
+    ) -> None:
         self.gateway = gateway
-        self.tracer = tracer
-        """Set only when tracing is on."""
+        self.instrument = instrument
+        self._paths: list[tuple[re.Pattern[str], bool]] = [
+            (route.path_regex, "version" in route.param_convertors)
+            for route in routes
+            if isinstance(route, Route) and route.name == "infer"
+        ]
+        """The infer routes' patterns, and whether each names a version."""
 
     def match(self, scope: Scope) -> tuple[str, str | None] | None:
-        """(model, version) when ``scope`` is an infer request this path serves."""
-        if scope["type"] != "http" or scope["method"] != "POST" or scope.get("root_path"):
+        """(model, version) when ``scope`` is an infer request, exactly as the route table's
+        infer routes match it."""
+        if scope["type"] != "http" or scope["method"] != "POST":
             return None
-        found = INFER_PATH.fullmatch(scope["path"])
-        return None if found is None else (found[1], found[2])
+        path = route_path(scope)
+        for pattern, versioned in self._paths:
+            found = pattern.match(path)
+            if found is not None:
+                return found["model"], found["version"] if versioned else None
+        return None
 
     async def serve(
         self, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
     ) -> None:
-        started = time.perf_counter()
-        trace = None
-        if self.tracer is not None:
-            trace = open_trace(self.tracer, scope, "infer", model, version)
-            traced = REQUEST_TRACE.set(trace)
-        routed = ROUTED_VERSION.set(None)
-        status = 500
+        seen = self.instrument.start("infer", model, version, body_bytes=content_length(scope))
+        seen.trace_http(scope, "infer", model, version)
         try:
-            status = await self._answer(scope, receive, send, model, version)
-        finally:
-            if trace is not None:
-                REQUEST_TRACE.reset(traced)
-                trace.end(status)
-            observe(
-                self.gateway,
-                scope,
-                ("infer", model, version),
-                status,
-                time.perf_counter() - started,
-                routed=ROUTED_VERSION.get(),
-                exemplars=trace is not None,
-            )
-            ROUTED_VERSION.reset(routed)
-
-    async def _answer(
-        self, scope: Scope, receive: Receive, send: Send, model: str, version: str | None
-    ) -> int:
-        try:
-            await respond(self.gateway, scope, receive, send, model, version)
-        except GatewayError as e:
-            await send_error(send, e.status, e.message, e.headers())
-            return e.status
-        except Exception:
-            log.exception("unhandled error", path=scope["path"])
-            await send_error(send, 500, INTERNAL_MESSAGE)
-            return 500
-        return 200
+            seen.routed = await respond(self.gateway, scope, receive, send, model, version)
+        except asyncio.CancelledError as e:
+            seen.failed(e)
+            raise
+        except Exception as e:
+            await send_error(send, seen.failed(e, path=scope["path"]))
+            return
+        seen.end(200)
 
 
-class _Endpoint:
-    """The infer route as Starlette serves it (where the fast path does not): ``respond``
-    behind the ordinary middleware and exception handlers. An ASGI app, not a function, so
-    that Starlette's route calls it with the raw scope."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        params: dict[str, Any] = scope["path_params"]
-        gateway: Gateway = scope["app"].state.gateway
-        await respond(gateway, scope, receive, send, params["model"], params.get("version"))
-
-
-endpoint = _Endpoint()
+async def starlette_endpoint(request: Request) -> Response:
+    """The endpoint the route table names for infer, which is never called: ``InferFastPath``
+    serves every POST the route matches before Starlette routes it, and Starlette answers other
+    methods with 405 before it would call an endpoint. The route is in the table for OpenAPI,
+    the metric labels and those 405s."""
+    raise RuntimeError("an infer request reached Starlette; InferFastPath serves every one")

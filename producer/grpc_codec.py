@@ -1,18 +1,11 @@
 """V2 gRPC messages <-> the gateway's request body and result tensors. Pure functions, no I/O.
 
-The checks are the HTTP parser's own (``producer.v2``: names, datatypes, shapes against the
-model, shared memory, missing inputs, requested outputs), so a bad request gets the same
-BadRequest message over either transport. Only the data differs:
-
-* ``raw_input_contents``: one entry per input, in the order of ``inputs``; fixed-size datatypes
-  as little-endian bytes, BYTES as 4-byte length-prefixed elements. That is exactly the wire form
-  of :class:`protocol.tensor.Tensor`, so raw data passes through untouched (checked for size).
-* typed ``contents``: the field that matches the datatype (``int_contents`` for INT8..INT32 and
-  so on), converted with range checks. FP16 has no typed field and must be sent raw.
-
-Answers come back the way the request came: raw outputs (``raw_output_contents``, what Triton
-always sends and ``tritonclient`` reads) unless the request sent typed contents, then typed
-contents (all outputs raw if one of them has no typed field).
+The checks are the HTTP parser's own (``producer.v2_request``), so a bad request gets the same
+BadRequest message over either transport; only the data differs. ``raw_input_contents`` is
+exactly the wire form of :class:`protocol.tensor.Tensor` (passed through, checked for size);
+typed ``contents`` use the datatype's field, range-checked (FP16 has none: send it raw).
+Answers come back the way the request came: raw outputs (what Triton sends and ``tritonclient``
+reads) unless the request sent typed contents (then typed, unless an output has no field).
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from producer.errors import BadRequest
-from producer.v2 import (
+from producer.v2_request import (
     InferRequestBody,
     check_element_count,
     check_input_parameters,

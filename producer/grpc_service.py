@@ -1,56 +1,36 @@
 """``inference.GRPCInferenceService``: the V2 gRPC methods, each a thin call into the same
-inference service, registry and model admin the HTTP routes use.
+inference service, registry and model admin the HTTP routes use, observed by the same wrapper
+(``producer.instrument``, ``protocol="grpc"``, the HTTP status of the answer).
 
-Errors are the gateway's own (``producer.errors``), turned into a gRPC status by one table keyed
-by their HTTP status (``protocol.grpc.status``), with the same message. Every call is counted in
-the same request metrics as HTTP, with ``protocol="grpc"`` and the HTTP status of its answer.
-
-Deadlines: a call's gRPC deadline becomes the request's V2 ``timeout`` (the smaller of the two
-when both are given); the service caps it by ``--max-timeout-ms`` as it does for HTTP. A call the
-client cancels (or whose deadline passes) cancels its handler; the service then abandons the
-request as it does for an HTTP client that hangs up: it stops waiting, and a worker that has not
-started the request drops it.
+Refusals are the gateway's own errors, in their gRPC form (``_abort``). A call's gRPC deadline
+becomes the request's V2 ``timeout`` (the smaller, when both are given). A call the client
+cancels cancels its handler, and the service abandons the request as for an HTTP client that
+hangs up: it stops waiting, and a worker that has not started it drops it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
-import structlog
 
 import runtime
-from producer.errors import (
-    INTERNAL_MESSAGE,
-    BadRequest,
-    ClientClosedRequest,
-    GatewayError,
-    GatewayTimeout,
-    NotFound,
-)
+from producer.errors import BadRequest, GatewayError, GatewayTimeout, NotFound
 from producer.grpc_codec import decode_infer_request, encode_infer_response, parameter_values
-from producer.httpbody import no_cache
-from producer.instrument import known_labels
-from producer.routing import ROUTED_VERSION
-from producer.traceparent import traceparent
+from producer.httpbody import caller_traceparent, no_cache
+from producer.instrument import Instrument, Observation
 from protocol.grpc import inferq_v2_pb2 as pb
 from protocol.grpc.status import grpc_code
-from runtime.tracing import NO_REQUEST, REQUEST_TRACE
+from runtime.tracing import REQUEST_TRACE
 
 if TYPE_CHECKING:
     from producer.admin import ModelAdmin
     from producer.gateway import Gateway
 
-log = structlog.get_logger("inferq.gateway")
-
 T = TypeVar("T")
-
-CLIENT_CLOSED = ClientClosedRequest.status
-"""The status recorded in metrics for a call the client cancelled (nginx's 499)."""
 
 EXTENSIONS = ["schedule_policy", "model_repository", "streaming"]
 """What ``ServerMetadata`` lists: the V2 priority/timeout parameters, the repository RPCs and
@@ -62,6 +42,7 @@ class InferenceServicer:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.instrument = Instrument(gateway, gateway.tracer if gateway.tracer.enabled else None)
 
     # -- health and metadata ---------------------------------------------------------------
 
@@ -71,7 +52,7 @@ class InferenceServicer:
         async def work() -> pb.ServerLiveResponse:
             return pb.ServerLiveResponse(live=True)
 
-        return await self._unary(context, "health_live", work)
+        return await self._unary(context, self._start("health_live"), work)
 
     async def ServerReady(
         self, request: pb.ServerReadyRequest, context: grpc.aio.ServicerContext
@@ -81,7 +62,7 @@ class InferenceServicer:
             ok, _ = await self.gateway.ready()
             return pb.ServerReadyResponse(ready=ok)
 
-        return await self._unary(context, "health_ready", work)
+        return await self._unary(context, self._start("health_ready"), work)
 
     async def ServerMetadata(
         self, request: pb.ServerMetadataRequest, context: grpc.aio.ServicerContext
@@ -91,7 +72,7 @@ class InferenceServicer:
                 name="inferq", version=runtime.__version__, extensions=EXTENSIONS
             )
 
-        return await self._unary(context, "server_metadata", work)
+        return await self._unary(context, self._start("server_metadata"), work)
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: grpc.aio.ServicerContext
@@ -107,7 +88,9 @@ class InferenceServicer:
                 return pb.ModelReadyResponse(ready=False)
             return pb.ModelReadyResponse(ready=entry.workers > 0 and not entry.unloaded)
 
-        return await self._unary(context, "model_ready", work, request.name, request.version)
+        return await self._unary(
+            context, self._start("model_ready", request.name, request.version), work
+        )
 
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
@@ -128,7 +111,9 @@ class InferenceServicer:
                 ],
             )
 
-        return await self._unary(context, "model_metadata", work, request.name, request.version)
+        return await self._unary(
+            context, self._start("model_metadata", request.name, request.version), work
+        )
 
     # -- inference -------------------------------------------------------------------------
 
@@ -136,14 +121,8 @@ class InferenceServicer:
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         size = request.ByteSize()
-        return await self._unary(
-            context,
-            "infer",
-            lambda: self._infer(request, size, context),
-            request.model_name,
-            request.model_version,
-            body_bytes=size,
-        )
+        seen = self._start("infer", request.model_name, request.model_version, size)
+        return await self._unary(context, seen, lambda: self._infer(request, size, context, seen))
 
     async def ModelStreamInfer(
         self,
@@ -157,14 +136,11 @@ class InferenceServicer:
 
         async def one(request: pb.ModelInferRequest) -> None:
             size = request.ByteSize()
+            seen = self._start("infer", request.model_name, request.model_version, size)
             try:
                 answer = pb.ModelStreamInferResponse(
                     infer_response=await self._observed(
-                        "infer",
-                        lambda: self._infer(request, size, context),
-                        request.model_name,
-                        request.model_version,
-                        body_bytes=size,
+                        seen, lambda: self._infer(request, size, context, seen)
                     )
                 )
             except GatewayError as e:
@@ -191,51 +167,44 @@ class InferenceServicer:
             await asyncio.gather(*running, return_exceptions=True)
 
     async def _infer(
-        self, request: pb.ModelInferRequest, size: int, context: grpc.aio.ServicerContext
+        self,
+        request: pb.ModelInferRequest,
+        size: int,
+        context: grpc.aio.ServicerContext,
+        seen: Observation,
     ) -> pb.ModelInferResponse:
         metadata = _metadata(context)
         parameters = _with_deadline(parameter_values(request.parameters), context)
         service = self.gateway.service
-        trace = NO_REQUEST
-        if self.gateway.tracer.enabled:  # the call's server span, as HTTP's RequestTracing
-            trace = self.gateway.tracer.request(
+        if self.instrument.tracer is not None:
+            seen.trace(
                 "grpc ModelInfer",
                 metadata.get("traceparent"),
                 {"rpc.system": "grpc", "inferq.model": request.model_name},
             )
-        token = REQUEST_TRACE.set(trace)
-        status = 500
-        try:
-            # The message is in memory already (gRPC refused it past --max-body-bytes): hold
-            # its bytes against --max-inflight-bytes, as HTTP holds a body's, until the answer.
-            with service.hold_body() as hold:
-                hold.grow_to(size)
-                # A call the client cancels cancels this task: the service abandons the request
-                # (stops waiting, marks it so a worker that has not started it drops it).
-                outcome = await service.infer_decoded(
-                    request.model_name,
-                    request.model_version or None,
-                    lambda meta: decode_infer_request(request, meta, parameters),
-                    no_cache=no_cache(metadata),
-                    traceparent=trace.traceparent or traceparent(metadata.get("traceparent")),
-                )
-            result = outcome.result
-            with trace.span("encode response"):
-                answer = encode_infer_response(
-                    client_id=outcome.body.client_id,
-                    model_name=result.model,
-                    model_version=result.version,
-                    outputs=result.outputs,
-                    typed=not request.raw_input_contents,
-                )
-            status = 200
-            return answer
-        except GatewayError as e:
-            status = e.status  # the HTTP status of the same error: 4xx is not a server error
-            raise
-        finally:
-            REQUEST_TRACE.reset(token)
-            trace.end(status)
+        # The message is in memory already (gRPC refused it past --max-body-bytes): hold its
+        # bytes against --max-inflight-bytes, as HTTP holds a body's, until the answer.
+        with service.hold_body() as hold:
+            hold.grow_to(size)
+            # A call the client cancels cancels this task: the service abandons the request
+            # (stops waiting, marks it so a worker that has not started it drops it).
+            outcome = await service.infer(
+                request.model_name,
+                request.model_version or None,
+                lambda meta: decode_infer_request(request, meta, parameters),
+                no_cache=no_cache(metadata),
+                traceparent=caller_traceparent(metadata),
+            )
+        seen.routed = outcome.version
+        result = outcome.result
+        with REQUEST_TRACE.get().span("encode response"):
+            return encode_infer_response(
+                client_id=outcome.body.client_id,
+                model_name=result.model,
+                model_version=result.version,
+                outputs=result.outputs,
+                typed=not request.raw_input_contents,
+            )
 
     # -- model repository (Triton's extension) ---------------------------------------------
 
@@ -257,7 +226,7 @@ class InferenceServicer:
                 ]
             )
 
-        return await self._unary(context, "other", work)
+        return await self._unary(context, self._start("other"), work)
 
     async def RepositoryModelLoad(
         self, request: pb.RepositoryModelLoadRequest, context: grpc.aio.ServicerContext
@@ -267,7 +236,7 @@ class InferenceServicer:
             await admin.load(request.model_name, _load_parameters(request.parameters))
             return pb.RepositoryModelLoadResponse()
 
-        return await self._unary(context, "other", work)
+        return await self._unary(context, self._start("other"), work)
 
     async def RepositoryModelUnload(
         self, request: pb.RepositoryModelUnloadRequest, context: grpc.aio.ServicerContext
@@ -277,7 +246,7 @@ class InferenceServicer:
             await admin.unload(request.model_name, parameter_values(request.parameters))
             return pb.RepositoryModelUnloadResponse()
 
-        return await self._unary(context, "other", work)
+        return await self._unary(context, self._start("other"), work)
 
     def _admin(self, context: grpc.aio.ServicerContext) -> ModelAdmin:
         admin = self.gateway.admin
@@ -286,66 +255,49 @@ class InferenceServicer:
 
     # -- one place for status codes and metrics --------------------------------------------
 
-    async def _unary(
+    def _start(
         self,
-        context: grpc.aio.ServicerContext,
         endpoint: str,
-        work: Callable[[], Awaitable[T]],
         model: str | None = None,
         version: str | None = None,
-        *,
         body_bytes: int | None = None,
+    ) -> Observation:
+        """A call's observation (gRPC sends "" for an absent model or version)."""
+        return self.instrument.start(
+            endpoint, model or None, version or None, protocol="grpc", body_bytes=body_bytes
+        )
+
+    async def _unary(
+        self, context: grpc.aio.ServicerContext, seen: Observation, work: Callable[[], Awaitable[T]]
     ) -> T:
         try:
-            return await self._observed(endpoint, work, model, version, body_bytes=body_bytes)
+            return await self._observed(seen, work)
         except GatewayError as e:
             await _abort(context, e)
 
-    async def _observed(
-        self,
-        endpoint: str,
-        work: Callable[[], Awaitable[T]],
-        model: str | None,
-        version: str | None,
-        *,
-        body_bytes: int | None = None,
-    ) -> T:
-        """Run ``work``, count and time it; anything but a GatewayError (or a cancellation) is
-        logged and becomes one with status 500."""
-        started = time.perf_counter()
-        status = 500
-        routed = ROUTED_VERSION.set(None)
+    async def _observed(self, seen: Observation, work: Callable[[], Awaitable[T]]) -> T:
+        """Run ``work`` under ``seen``: its answer, or the GatewayError the caller is told
+        (``Observation.failed``; a cancellation propagates)."""
         try:
             answer = await work()
-            status = 200
-            return answer
-        except GatewayError as e:
-            status = e.status
-            raise
-        except asyncio.CancelledError:
-            status = CLIENT_CLOSED
+        except asyncio.CancelledError as e:
+            seen.failed(e)
             raise
         except Exception as e:
-            log.exception("unhandled error", method=endpoint, protocol="grpc")
-            raise GatewayError(INTERNAL_MESSAGE) from e
-        finally:
-            labels = known_labels(
-                self.gateway.registry, model or None, version or None, ROUTED_VERSION.get()
-            )
-            self.gateway.metrics.observe_request(
-                *labels,
-                endpoint,
-                status,
-                time.perf_counter() - started,
-                body_bytes=body_bytes,
-                protocol="grpc",
-            )
-            ROUTED_VERSION.reset(routed)
+            error = seen.failed(e, method=seen.endpoint, protocol="grpc")
+            if error is e:
+                raise
+            raise error from e
+        seen.end(200)
+        return answer
 
 
 async def _abort(context: grpc.aio.ServicerContext, error: GatewayError) -> NoReturn:
-    if error.retry_after_s is not None:
-        context.set_trailing_metadata((("retry-after", str(max(1, round(error.retry_after_s)))),))
+    """The gRPC form of a refusal: the code of its HTTP status, its message, and its
+    ``Retry-After`` as trailing metadata."""
+    retry_after = error.retry_after()
+    if retry_after is not None:
+        context.set_trailing_metadata((("retry-after", retry_after),))
     await context.abort(grpc_code(error.status), error.message)
     raise AssertionError("context.abort returned")  # it raises; this tells type checkers
 

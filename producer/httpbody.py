@@ -1,8 +1,8 @@
-"""What the inference routes read from HTTP: the body (limited, held, timed, decompressed),
+"""What the HTTP routes read from a request: the body (limited, held, timed, decompressed),
 its content type and the V2 binary header length, and the caller's cache and trace headers.
 
-Shared by the Starlette routes (``producer.app``) and the inference fast path
-(``producer.fastpath``): both hand in the request's ``Headers`` and its body chunks.
+The infer fast path (``producer.fastpath``) and the Starlette routes (``producer.app``: job
+submission, model control) read bodies through these same functions, from the ASGI ``receive``.
 """
 
 from __future__ import annotations
@@ -10,11 +10,23 @@ from __future__ import annotations
 import asyncio
 import zlib
 from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
 
-from producer.errors import BadRequest, PayloadTooLarge, RequestTimeout, UnsupportedMediaType
+from starlette.types import Receive
+
+from producer.errors import (
+    BadRequest,
+    ClientClosedRequest,
+    PayloadTooLarge,
+    RequestTimeout,
+    UnsupportedMediaType,
+)
 from producer.inflight import BodyHold
 from producer.traceparent import traceparent
 from runtime.tracing import REQUEST_TRACE
+
+if TYPE_CHECKING:
+    from producer.settings import GatewaySettings
 
 JSON_TYPES = ("application/json",)
 BINARY_TYPES = ("application/octet-stream",)
@@ -74,6 +86,34 @@ def no_cache(headers: Mapping[str, str]) -> bool:
     """``Cache-Control: no-cache`` (or ``no-store``): the caller wants a fresh answer."""
     directives = headers.get("cache-control", "").lower()
     return "no-cache" in directives or "no-store" in directives
+
+
+async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
+    """The request body as it arrives (what Starlette's ``Request.stream`` does); 499 when the
+    client hangs up before it has sent it all."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientClosedRequest("the client went away while sending its request")
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
+
+
+async def read_inference_body(
+    headers: Mapping[str, str], receive: Receive, hold: BodyHold, settings: GatewaySettings
+) -> tuple[bytes, int | None]:
+    """A V2 inference body (infer, job submission) and its binary header length, held against
+    ``--max-inflight-bytes`` as it arrives. The content type is checked first: 415 at once."""
+    length = header_length(headers)
+    raw = await read_body(
+        headers,
+        body_chunks(receive),
+        settings.max_body_bytes,
+        hold=hold,
+        timeout_s=settings.body_timeout_s,
+    )
+    return raw, length
 
 
 async def read_body(

@@ -25,20 +25,20 @@ from redis.commands.core import AsyncScript
 from producer.errors import (
     BadRequest,
     Conflict,
+    GatewayError,
     Gone,
     NotFound,
     ServiceUnavailable,
-    TooManyRequests,
     UnprocessableContent,
     redis_unavailable,
 )
-from producer.routing import ROUTED_VERSION
-from producer.service import InferenceService
+from producer.service import Decode, InferenceService, Prepared, Terms
 from producer.settings import GatewaySettings
-from producer.v2 import InferRequestBody, encode_infer_response, parse_infer_request
+from producer.v2_request import InferRequestBody
+from producer.v2_response import response_document
 from protocol import ProtocolError
 from protocol.cachekey import digest
-from protocol.deadline import deadline_after, has_expired
+from protocol.deadline import has_expired
 from protocol.jobs import (
     JOB_ID_RANDOM_BYTES,
     RESERVE_SCRIPT,
@@ -57,7 +57,6 @@ from protocol.keys import JOB_EVENTS_MAXLEN, Lane, idempotency_tag_bytes
 from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
 from runtime.cluster import queue_script
 from runtime.faults import RETRYABLE
-from runtime.tracing import REQUEST_TRACE
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -84,6 +83,22 @@ def request_digest(asked_version: str | None, body: InferRequestBody) -> str:
     return h.hexdigest()
 
 
+def job_terms(settings: GatewaySettings) -> Terms:
+    """Jobs: ``--job-timeout-s`` unless the request names a timeout, capped by their retention
+    (``--job-ttl``); the low lane unless a priority is named; never the cache; refused at
+    ``--max-job-backlog`` queued, whatever the deadlines (a job waits as long as it must)."""
+    return Terms(
+        kind=Kind.JOB,
+        default_timeout_ms=settings.job_timeout_s * 1000,
+        max_timeout_ms=settings.job_ttl_s * 1000,
+        unprioritised=Lane.LOW,
+        cache=False,
+        result_ttl_ms=settings.job_ttl_s * 1000,
+        queue_cap=settings.max_job_backlog,
+        stage="enqueue",  # the worker's spans of this job join it
+    )
+
+
 def iso(ms: int) -> str | None:
     if not ms:
         return None
@@ -108,101 +123,91 @@ class JobService:
         self._undo: AsyncScript = self._redis.register_script(UNDO_SCRIPT)
         self.cluster = cluster
         """A Redis Cluster: a submission is two steps (see ``_enqueue``)."""
+        self.terms = job_terms(settings)
 
     async def submit(
         self,
         name: str,
         version: str | None,
-        raw: bytes,
-        header_length: int | None,
+        decode: Decode,
         *,
         idempotency_key: str | None,
         traceparent: str | None,
     ) -> Submitted:
-        asked = version or None
-        entry, version = await self.inference.model(name, version)
-        ROUTED_VERSION.set(version)
-        meta = entry.metadata
-        body = parse_infer_request(raw, header_length, meta)
-        sched = self.inference.schedule(meta, body, no_cache=True)  # validates the parameters
+        """Queue a job for the request ``decode`` parses, or find the one an Idempotency-Key
+        names; the record of either (its ``version`` is the one the job was routed to)."""
         if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
             raise BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
-        backlog = self.registry.backlog(name)
-        if backlog >= self.settings.max_job_backlog:
-            raise TooManyRequests(
-                f"model '{name}' has {backlog} requests queued, at its limit of "
-                f"{self.settings.max_job_backlog}; retry later",
-                retry_after_s=5,
-            )
-        timeout_us = body.parameters.get("timeout")
-        timeout_ms = timeout_us // 1000 if timeout_us else self.settings.job_timeout_s * 1000
-        timeout_ms = max(1, min(timeout_ms, self.settings.job_ttl_s * 1000))
-        lane = Lane.for_priority(sched.priority) if "priority" in body.parameters else Lane.LOW
         random = secrets.token_bytes(JOB_ID_RANDOM_BYTES)
         if idempotency_key:
             # The record shares the key's slot on a cluster (protocol.keys, JOB_TAG).
             tag = idempotency_tag_bytes(name, idempotency_key)
             random = tag + random[len(tag) :]
         job_id = new_job_id(self.clock.now_ms(), random)
-        ttl_ms = self.settings.job_ttl_s * 1000
-        trace = REQUEST_TRACE.get()
-        trace.since_start("receive and validate")
-        enqueue = trace.start("enqueue")  # the worker's spans of this job join it
-        now = self.clock.now_ms()
+        prepared = await self.inference.prepare(
+            name, version, decode, self.terms, traceparent=traceparent, request_id=job_id
+        )
+        assert isinstance(prepared, Prepared), "jobs are never answered from the cache"
+        request, body, lane = prepared.request, prepared.body, prepared.schedule.lane
         record = JobRecord(
             id=job_id,
             model=name,
-            version=version,
+            version=request.version,
             status=JobStatus.QUEUED,
-            created_ms=now,
-            deadline_ms=deadline_after(now, timeout_ms),
+            created_ms=request.enqueued_ms,
+            deadline_ms=request.deadline_ms,
             client_id=body.client_id or "",
             binary_outputs=tuple(sorted(body.binary_outputs)),
             binary_all=body.binary_all,
         )
-        request = InferRequest(
-            id=job_id,
-            model=name,
-            version=version,
-            inputs=body.inputs,
-            outputs=body.outputs,
-            deadline_ms=record.deadline_ms,
-            enqueued_ms=now,
-            result_key="",
-            result_ttl_ms=ttl_ms,
-            kind=Kind.JOB,
-            priority=sched.priority,
-            client_id=body.client_id,
-            traceparent=enqueue.propagate(traceparent),
-        )
-        idem = self.keys.idempotency(name, idempotency_key) if idempotency_key else None
-        value = idempotency_value(job_id, request_digest(asked, body)) if idem else ""
-        replacing = b""
+        fingerprint = request_digest(version or None, body) if idempotency_key else ""
         try:
-            for _ in range(3):
-                earlier = await self._enqueue(record, request, lane, idem, value, replacing, ttl_ms)
-                if earlier is None:
-                    break
-                existing = await self._replay(name, idempotency_key or "", earlier, value)
-                if existing is not None:
-                    return Submitted(existing, replayed=True)
-                replacing = earlier  # its job is past retention: the key is free again
-            else:
-                raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
-        except RETRYABLE as e:
-            raise redis_unavailable(e, "queue the job") from e
+            existing = await self._claim(record, request, lane, idempotency_key, fingerprint)
+        except GatewayError as e:
+            e.routed = request.version
+            raise
         finally:
-            enqueue.end()
+            prepared.stage.end()
+        if existing is not None:
+            return Submitted(existing, replayed=True)
         self.registry.note_queued(name)
         log.info(
             "job queued",
             job_id=job_id,
             model=name,
-            version=version,
+            version=request.version,
             lane=lane.value,
             traceparent=traceparent,
         )
         return Submitted(record, replayed=False)
+
+    async def _claim(
+        self,
+        record: JobRecord,
+        request: InferRequest,
+        lane: Lane,
+        key: str | None,
+        fingerprint: str,
+    ) -> JobRecord | None:
+        """Queue the job and claim its Idempotency-Key, if any (``fingerprint``: the request's
+        ``request_digest``): None once queued, or the earlier job the key names."""
+        idem = self.keys.idempotency(record.model, key) if key else None
+        value = idempotency_value(record.id, fingerprint) if idem else ""
+        replacing = b""
+        try:
+            for _ in range(3):
+                earlier = await self._enqueue(
+                    record, request, lane, idem, value, replacing, self.terms.result_ttl_ms
+                )
+                if earlier is None:
+                    return None
+                existing = await self._replay(record.model, key or "", earlier, value)
+                if existing is not None:
+                    return existing
+                replacing = earlier  # its job is past retention: the key is free again
+        except RETRYABLE as e:
+            raise redis_unavailable(e, "queue the job") from e
+        raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
 
     async def _enqueue(
         self,
@@ -420,7 +425,8 @@ class JobService:
 
 def render(record: JobRecord) -> tuple[bytes, int | None]:
     """The job as JSON, with the V2 inference response under ``result`` once it succeeded;
-    with the binary tensor extension when the submission asked for binary outputs."""
+    with the binary tensor extension (the header length returned) when the result has binary
+    outputs."""
     doc: dict[str, Any] = {
         "id": record.id,
         "model_name": record.model,
@@ -431,10 +437,10 @@ def render(record: JobRecord) -> tuple[bytes, int | None]:
         "finished_at": iso(record.finished_ms),
         "deadline_at": iso(record.deadline_ms),
     }
-    tail = b""
+    blobs: list[bytes] = []
     if record.status is JobStatus.SUCCEEDED and record.result:
         result = InferResult.decode(record.result)
-        body, header_length = encode_infer_response(
+        doc["result"], blobs = response_document(
             client_id=record.client_id or None,
             model_name=result.model,
             model_version=result.version,
@@ -442,12 +448,7 @@ def render(record: JobRecord) -> tuple[bytes, int | None]:
             binary_outputs=frozenset(record.binary_outputs),
             binary_all=record.binary_all,
         )
-        if header_length is None:
-            doc["result"] = json.loads(body)
-        else:
-            doc["result"] = json.loads(body[:header_length])
-            tail = body[header_length:]
     elif record.error:
         doc["error"] = record.error
     header = json.dumps(doc, separators=(",", ":")).encode()
-    return (header + tail, len(header)) if tail else (header, None)
+    return (b"".join([header, *blobs]), len(header)) if blobs else (header, None)

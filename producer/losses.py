@@ -1,96 +1,60 @@
 """Waiting requests that Redis has lost, found without waiting out their deadlines.
 
-Redis can lose a queued request: it restarted without its data, it evicted the request stream
-(an evicting ``maxmemory-policy``), or an operator trimmed or deleted it. A reply can be lost too:
-workers write replies with ``NOMKSTREAM``, so while a gateway's reply stream is missing (expired,
-evicted, Redis restarted) replies to it are dropped. Either way the caller would wait for its
-full deadline and get a 504 that says nothing.
-
-``sweep`` looks at the requests a gateway waits on. A request's entry is *gone* when its stream
-no longer holds it: the stream is missing or empty, or starts after the entry's id (workers trim
-only below what was delivered and acknowledged, and acknowledge only after the result is stored).
-For a gone entry the result key decides: a stored result is the answer (its reply was lost);
-no result means Redis lost the request. After the gateway's own reply stream was lost, every
-waiter's result key is read, since any reply may have been dropped.
-
-An uncached synchronous result is written once, to the reply stream; its result key is written
-only when the reply stream was missing (the worker's ``XADD ... NOMKSTREAM`` answered nil). So a
-reply stream lost *after* a reply reached it, before the gateway read it, takes that result with
-it: the request is failed as lost (503, retry) rather than answered from a key. Cached results
-and job results are always stored under their keys.
-
-Failures are stored only as replies, not as result keys, so a gone entry without a result might
-be a failure whose reply is still on its way: a periodic sweep marks such a request *suspect*
-and fails it only if it is still waiting at the next sweep. When the sweep follows a known loss
-(Redis restarted empty, the reply stream vanished), it fails them at once.
-
-Cost: one ``XRANGE ... COUNT 1`` per request stream with waiters, and a ``GET`` per gone entry,
-per sweep (every ``heartbeat_s``); nothing per request.
+``sweep`` judges the queued waiters: an entry is *gone* when its stream no longer holds it
+(missing, empty, or starting after its id). A gone entry with a stored result is answered from
+it (its reply was lost); one without is *suspect*, and lost at the next sweep, or at once after
+a known loss (``after_loss``: the reply stream or Redis's data vanished). Each sweep costs one
+``XRANGE ... COUNT 1`` per stream with waiters and a ``GET`` per gone entry; nothing per
+request. Why it is sound: ARCHITECTURE.md, "Requests Redis lost".
 """
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
 
+from producer.waiters import Waiter
 from protocol.keys import id_before, text
-from protocol.messages import InferResult
 
 SWEEP_CHUNK = 1000
 """Commands per pipeline, so that 10,000 waiters do not make one giant round trip."""
 
 
 @dataclass(slots=True)
-class Waiter:
-    """A request the gateway waits on, and where it was queued (once it was)."""
-
-    future: asyncio.Future[InferResult]
-    stream: str = ""
-    entry_id: str = ""
-    result_key: str = ""
-    suspect: bool = False
-    """Gone from its stream without a result at the last sweep."""
-
-    @property
-    def queued(self) -> bool:
-        return bool(self.entry_id)
-
-
-@dataclass(slots=True)
 class Verdict:
-    found: dict[str, bytes] = field(default_factory=dict)
-    """Request id -> its stored result (the reply was lost, the result was not)."""
-    lost: list[str] = field(default_factory=list)
-    """Request ids Redis lost: not in their stream, no result."""
+    found: list[tuple[Waiter, bytes]] = field(default_factory=list)
+    """Waiters whose results are stored (the reply was lost, the result was not)."""
+    lost: list[Waiter] = field(default_factory=list)
+    """Waiters whose requests Redis lost: not in their stream, no result."""
 
 
-async def sweep(redis: aioredis.Redis, waiters: dict[str, Waiter], *, after_loss: bool) -> Verdict:
-    """Judge every queued waiter (see the module docstring). ``after_loss``: Redis is known to
-    have lost data (fail gone requests now, and look for results of all, not only gone ones).
-    Redis errors propagate."""
-    queued = {rid: w for rid, w in waiters.items() if w.queued}
+async def sweep(redis: aioredis.Redis, waiters: Iterable[Waiter], *, after_loss: bool) -> Verdict:
+    """Judge every queued waiter (see the module docstring) and mark the suspects.
+    ``after_loss``: Redis is known to have lost data (fail gone requests now, and look for
+    results of all, not only gone ones). Redis errors propagate."""
+    queued = [w for w in waiters if w.queued]
     verdict = Verdict()
     if not queued:
         return verdict
-    firsts = await _first_ids(redis, sorted({w.stream for w in queued.values()}))
+    firsts = await _first_ids(redis, sorted({w.stream for w in queued}))
     gone = {
-        rid
-        for rid, w in queued.items()
+        w.id
+        for w in queued
         if w.stream in firsts and (firsts[w.stream] is None or _before(w, firsts[w.stream]))
     }
-    look = [rid for rid in queued if after_loss or rid in gone]
-    results = await _results(redis, [(rid, queued[rid].result_key) for rid in look])
-    for rid, w in queued.items():
-        payload = results.get(rid)
+    look = [w for w in queued if after_loss or w.id in gone]
+    results = await _results(redis, [(w.id, w.result_key) for w in look])
+    for w in queued:
+        payload = results.get(w.id)
         if payload is not None:
-            verdict.found[rid] = payload
-        elif rid in gone and (after_loss or w.suspect):
-            verdict.lost.append(rid)
+            verdict.found.append((w, payload))
+        elif w.id in gone and (after_loss or w.suspect):
+            verdict.lost.append(w)
         else:
-            w.suspect = rid in gone
+            w.suspect = w.id in gone
     return verdict
 
 

@@ -4,16 +4,15 @@ One ``GatewayMetrics`` per gateway process (the ``Gateway`` owns it); every metr
 here once, with its help text and fixed label names. Who calls what:
 
 - ``app.py``, a ``/metrics`` route: ``metrics_response(registry, request.headers.get("accept"))``.
-- ``app.py``, around every V2 route (one place: a small wrapper or middleware that knows the
-  route's endpoint name, see ``ENDPOINTS``), once per response, errors included:
-  ``observe_request(model, version, endpoint, status, seconds, body_bytes=...)``. Pass
+- ``instrument.py`` ``Observation.end``, once per answered request of any route or transport,
+  errors included: ``observe_request(model, version, endpoint, status, seconds, body_bytes=...)``.
   ``model=None`` (and ``version=None``) when the request never resolved to a known model (404 for
   an unknown name, 400 before the lookup): labels must never carry a name a client made up.
-  ``body_bytes`` is the decompressed body size for ``infer``, None elsewhere.
-- ``service.py`` ``InferenceService.infer``, after the cache ``GET``:
+  ``body_bytes`` is the declared body size for ``infer`` and ``job_submit``, None elsewhere.
+- ``service.py`` ``InferenceService.prepare``, after the cache ``GET``:
   ``observe_cache(model, hit=...)`` (only when the cache was consulted).
-- ``service.py``, where a request is turned away before it is queued (``InferenceService.infer``
-  for no live worker and Redis down, ``_admit`` for the backlog cap, the deadline estimate and
+- ``service.py``, where a request is turned away before it is queued (``prepare`` for no live
+  worker, ``_redis`` for Redis down, ``_admit`` for the backlog cap, the deadline estimate and
   the breaker): ``observe_rejected(model, reason)`` (see ``REJECT_REASONS``).
 - ``gateway.py`` ``Gateway.start``: ``track_waiters(lambda: self.replies.waiting)``; then
   ``StreamGauges(metrics, self.redis, self.keys, self.clock.now_ms)``, whose ``run`` is one of

@@ -34,7 +34,8 @@ import redis.asyncio as aioredis
 import structlog
 
 from producer.errors import ServiceUnavailable
-from producer.losses import Waiter, sweep
+from producer.losses import sweep
+from producer.waiters import Waiter, Waiters
 from protocol import ProtocolError
 from protocol.keys import next_id, text
 from protocol.messages import FIELD, JOB_EVENT_FIELD, KEEPALIVE_FIELD, InferResult
@@ -58,11 +59,6 @@ def _pairs(flat: list[Any]) -> dict[Any, Any]:
     """A stream entry's fields as RESP sends them (name, value, name, value...), as a dict."""
     it = iter(flat)
     return dict(zip(it, it, strict=True))
-
-
-def _expire(future: asyncio.Future[InferResult]) -> None:
-    if not future.done():
-        future.set_exception(TimeoutError())
 
 
 class ReplyListener:
@@ -90,7 +86,8 @@ class ReplyListener:
         self._block_ms = block_ms
         self._ttl_ms = int(ttl_s * 1000)
         self._count = count
-        self._waiters: dict[str, Waiter] = {}
+        self.waiters = Waiters()
+        """The requests waiting on this stream's replies."""
         self._last_id = "$"
         self._made = False
         """Whether this listener's stream has existed (so a missing one means it was lost)."""
@@ -109,32 +106,11 @@ class ReplyListener:
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return len(self.waiters)
 
     @property
     def healthy(self) -> bool:
         return self._reads.healthy and self._keepalives.healthy
-
-    def expect(self, request_id: str) -> asyncio.Future[InferResult]:
-        """Register interest before enqueueing, so even an instant reply finds its waiter."""
-        future: asyncio.Future[InferResult] = asyncio.get_running_loop().create_future()
-        self._waiters[request_id] = Waiter(future)
-        return future
-
-    def queued(self, request_id: str, stream: str, entry_id: str, result_key: str) -> None:
-        """Where the request was queued: what a sweep checks to find it lost."""
-        waiter = self._waiters.get(request_id)
-        if waiter is not None:
-            waiter.stream, waiter.entry_id, waiter.result_key = stream, entry_id, result_key
-
-    async def wait(self, future: asyncio.Future[InferResult], timeout_s: float) -> InferResult:
-        """The result, or TimeoutError after ``timeout_s``. One timer per request and no extra
-        task, which is what ``asyncio.wait_for`` would cost on this hot path."""
-        handle = asyncio.get_running_loop().call_later(max(0.0, timeout_s), _expire, future)
-        try:
-            return await future
-        finally:
-            handle.cancel()
 
     def expect_job(self, job_id: str) -> asyncio.Future[None]:
         """A future resolved when any worker or gateway announces that the job changed.
@@ -151,9 +127,6 @@ class ReplyListener:
             waiters.discard(future)
             if not waiters:
                 del self._job_waiters[job_id]
-
-    def forget(self, request_id: str) -> None:
-        self._waiters.pop(request_id, None)
 
     # -- the keepalive ---------------------------------------------------------------------
 
@@ -179,7 +152,7 @@ class ReplyListener:
                 "the reply stream was gone (expired while Redis refused writes, evicted, or "
                 "Redis restarted empty); recreated it, checking the waiting requests",
                 stream=self.key,
-                waiting=len(self._waiters),
+                waiting=len(self.waiters),
             )
             self._last_id = "0-0"  # read everything on the new stream
             await self.sweep(after_loss=True)
@@ -187,17 +160,14 @@ class ReplyListener:
     async def sweep(self, *, after_loss: bool = False) -> None:
         """Answer waiters whose results are stored, and fail those Redis lost (see
         ``producer.losses``)."""
-        verdict = await sweep(self._commands, self._waiters, after_loss=after_loss)
-        for request_id, payload in verdict.found.items():
-            # By the waiter's id: a cache key holds the result of whichever request filled it.
-            self._resolve_payload(payload, request_id)
-        for request_id in verdict.lost:
-            waiter = self._waiters.pop(request_id, None)
-            if waiter is not None and not waiter.future.done():
-                waiter.future.set_exception(ServiceUnavailable(LOST, retry_after_s=1))
-                self.lost += 1
-        if verdict.lost:
-            log.warning("requests lost by Redis failed at once", count=len(verdict.lost))
+        verdict = await sweep(self._commands, self.waiters, after_loss=after_loss)
+        for waiter, payload in verdict.found:
+            # The waiter itself: a cache key holds the result of whichever request filled it.
+            self._resolve_payload(payload, waiter)
+        lost = [w for w in verdict.lost if w.fail(ServiceUnavailable(LOST, retry_after_s=1))]
+        self.lost += len(lost)
+        if lost:
+            log.warning("requests lost by Redis failed at once", count=len(lost))
 
     async def run_keepalive(self, interval_s: float) -> None:
         """Keep the stream alive and sweep every ``interval_s``; on a Redis error, retry with
@@ -313,15 +283,15 @@ class ReplyListener:
         if payload is not None:  # else a keepalive entry
             self._resolve_payload(payload)
 
-    def _resolve_payload(self, payload: bytes, request_id: str | None = None) -> None:
+    def _resolve_payload(self, payload: bytes, waiter: Waiter | None = None) -> None:
         try:
             result = InferResult.decode(payload)
         except ProtocolError as e:
             log.error("undecodable reply ignored", error=str(e))
             return
-        waiter = self._waiters.pop(request_id or result.id, None)
-        if waiter is not None and not waiter.future.done():
-            waiter.future.set_result(result)
+        waiter = waiter or self.waiters.get(result.id)
+        if waiter is not None:
+            waiter.resolve(result)
 
     async def close(self) -> None:
         """Close the lean connection, if reads use one (the loops are stopped first)."""
@@ -329,7 +299,5 @@ class ReplyListener:
             await self._lean.close()
 
     def fail_all(self, error: Exception) -> None:
-        for waiter in self._waiters.values():
-            if not waiter.future.done():
-                waiter.future.set_exception(error)
-        self._waiters.clear()
+        """Fail every waiting request (the gateway is stopping)."""
+        self.waiters.fail_all(error)

@@ -9,12 +9,6 @@ canary. Each gateway splits its own traffic; the sum over gateways has the same 
 
 from __future__ import annotations
 
-from contextvars import ContextVar
-
-ROUTED_VERSION: ContextVar[str | None] = ContextVar("inferq_routed_version", default=None)
-"""The version the current request was routed to, for the metrics middleware (which runs in the
-same task as the route, so it sees what the route set)."""
-
 
 class VersionRouter:
     def __init__(self) -> None:

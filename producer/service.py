@@ -1,20 +1,12 @@
-"""The one handler behind every inference endpoint: validate, look in the cache, enqueue, wait.
+"""The one inference handler behind every transport: prepare, look in the cache, queue, wait.
 
-Routes only do HTTP things (read the body, pick the response format) and call ``infer``. Per
-request on a cache miss this costs two Redis commands (GET of the cache key, XADD of the request),
-both sent through the auto-pipeline so concurrent requests share round trips; the result arrives
-on the gateway's reply stream with no further command.
-
-What every transport (HTTP, gRPC) does around ``infer``:
-
-- hold the request body's bytes with ``hold_body()`` from the moment its size is known until the
-  answer is sent (admission by memory, ``producer.inflight``);
-- tell the service when the caller goes away: pass ``disconnected`` (a coroutine function that
-  returns once the caller has hung up; it runs once the request has waited ``WATCH_AFTER_S``,
-  until it is answered), or call
-  ``abandon(request_id)``. Cancelling the task running ``infer`` (what a cancelled gRPC call
-  does) abandons the request too. An abandoned request stops being waited for at once, and a
-  worker that has not started it drops it.
+``prepare`` opens every request, submit-and-wait or job, under its ``Terms``: route, parse,
+schedule, cache, admit, and the ``InferRequest`` to queue. ``infer`` (HTTP, gRPC) queues it
+and waits on its ``Waiter``; ``producer.jobs`` queues it as a job. The routed version comes back
+in ``InferOutcome.version`` or ``GatewayError.routed``. A cache miss costs two auto-pipelined
+Redis commands (GET, XADD). Transports hold the body with ``hold_body()`` and report a caller
+that goes away (``disconnected``, ``abandon``, or cancelling ``infer``): the request is then
+no longer waited for, and marked so that a worker that has not started it drops it.
 """
 
 from __future__ import annotations
@@ -23,7 +15,6 @@ import asyncio
 import itertools
 import secrets
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +26,7 @@ from producer.breaker import Breaker
 from producer.errors import (
     BadRequest,
     ClientClosedRequest,
+    GatewayError,
     GatewayTimeout,
     ModelFailed,
     NotFound,
@@ -47,25 +39,88 @@ from producer.metrics import GatewayMetrics
 from producer.pipeliner import AutoPipeline
 from producer.registry import ModelEntry, ModelRegistry
 from producer.replies import ReplyListener
-from producer.routing import ROUTED_VERSION, VersionRouter
+from producer.routing import VersionRouter
 from producer.settings import GatewaySettings
-from producer.v2 import InferRequestBody, parse_infer_request
+from producer.v2_request import InferRequestBody
 from protocol import ProtocolError
 from protocol.cachekey import digest
-from protocol.cancellation import CHECK_AFTER_MS, MARK_SCRIPT, mark_args
+from protocol.cancellation import MARK_SCRIPT, mark_args
 from protocol.deadline import deadline_after
 from protocol.keys import Keys, Lane, is_valid_name, text
-from protocol.messages import FIELD, InferRequest, InferResult, Status
+from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status
 from protocol.registry import ModelMetadata
 from runtime.connections import RedisClock
 from runtime.faults import RETRYABLE
-from runtime.tracing import REQUEST_TRACE
+from runtime.tracing import REQUEST_TRACE, Stage
 
 log = structlog.get_logger("inferq.gateway")
 
-WATCH_AFTER_S = CHECK_AFTER_MS / 1000
-"""Callers are watched once their request has waited as long as workers wait before they look
-for cancellations: a request answered sooner costs neither a watcher task nor a lookup."""
+Decode = Callable[[ModelMetadata], InferRequestBody]
+"""A transport's parser: the request body, validated against the model (or BadRequest)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Terms:
+    """The rules one kind of request is taken on, stated once per kind: submit-and-wait
+    (``InferenceService.terms``) and async jobs (``JobService.terms``)."""
+
+    kind: Kind
+    default_timeout_ms: int | None
+    """For a request that names no ``timeout``; None: the model's ``default_timeout_ms``."""
+    max_timeout_ms: int
+    unprioritised: Lane
+    """The lane of a request that names no ``priority``."""
+    cache: bool
+    """Whether the result cache may answer it."""
+    result_ttl_ms: int
+    """How long a result not stored under a cache key is kept."""
+    queue_cap: int | None
+    """Refuse once the model has this many requests queued, whatever their deadlines (jobs,
+    ``--max-job-backlog``). None: admission against the deadline (``_admit``)."""
+    stage: str
+    """The trace span from enqueue onwards (``queue wait``, ``enqueue``)."""
+
+
+def infer_terms(settings: GatewaySettings) -> Terms:
+    """Submit-and-wait: the model's default timeout, capped by ``--max-timeout-ms``; the
+    normal lane unless a priority is named; the cache; admission against the deadline."""
+    return Terms(
+        kind=Kind.INFER,
+        default_timeout_ms=None,
+        max_timeout_ms=settings.max_timeout_ms,
+        unprioritised=Lane.NORMAL,
+        cache=True,
+        result_ttl_ms=settings.result_ttl_s * 1000,
+        queue_cap=None,
+        stage="queue wait",  # enqueue to reply; the worker's spans join it
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """The V2 schedule-policy parameters of one request, validated, under its terms."""
+
+    timeout_ms: int
+    priority: int
+    lane: Lane
+    use_cache: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request that passed every check, ready to queue."""
+
+    body: InferRequestBody
+    schedule: Schedule
+    request: InferRequest
+    partitions: int
+    stage: Stage
+    """The open span of the request's time in the queue; whoever queues it ends it."""
+
+    @property
+    def version(self) -> str:
+        """The version it was routed to."""
+        return self.request.version
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,24 +128,8 @@ class InferOutcome:
     body: InferRequestBody
     result: InferResult
     cached: bool
-
-
-@dataclass(frozen=True, slots=True)
-class InFlight:
-    """A request this gateway has queued and waits on."""
-
-    model: str
-    deadline_ms: int
-    future: asyncio.Future[InferResult]
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """The V2 schedule-policy parameters of one request, validated."""
-
-    timeout_ms: int
-    priority: int
-    use_cache: bool
+    version: str
+    """The version the request was routed to."""
 
 
 class InferenceService:
@@ -117,15 +156,14 @@ class InferenceService:
         self.breakers: dict[str, Breaker] = {}
         self.service_times: dict[str, ServiceTime] = {}
         self.rejected = 0
-        self.waiting: Counter[str] = Counter()
-        """Requests per model this gateway has queued and still waits on."""
+        self.waiters = replies.waiters
+        """The requests this gateway has registered and waits on (``producer.waiters``)."""
+        self._abandon = self.abandon  # bound once: each waiter watching its caller holds it
         self._ids = itertools.count()
         self.router = VersionRouter()
         self._partition_turn: dict[str, int] = {}
         self.inflight = InflightBytes(settings.max_inflight_bytes)
-        self._in_flight: dict[str, InFlight] = {}
-        self._watchers: dict[str, asyncio.Task[None]] = {}
-        """Per request waiting longer than ``WATCH_AFTER_S``: the task watching its caller."""
+        self.terms = infer_terms(settings)
 
     def hold_body(self) -> BodyHold:
         """A hold on request-body bytes against ``--max-inflight-bytes``: grow it as the body
@@ -158,92 +196,58 @@ class InferenceService:
             )
         return entry, version
 
-    def schedule(self, meta: ModelMetadata, body: InferRequestBody, *, no_cache: bool) -> Schedule:
-        params = body.parameters
-        timeout_us = params.get("timeout", 0)
-        if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
-            raise BadRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
-        priority = params.get("priority", 0)
-        if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
-            raise BadRequest("parameter 'priority' must be a non-negative integer (1 is highest)")
-        cache = params.get("cache", True)
-        if not isinstance(cache, bool):
-            raise BadRequest("parameter 'cache' must be true or false")
-        timeout_ms = timeout_us // 1000 if timeout_us else meta.default_timeout_ms
-        return Schedule(
-            timeout_ms=max(1, min(timeout_ms, self.settings.max_timeout_ms)),
-            priority=priority,
-            use_cache=cache and not no_cache and meta.cache_enabled,
-        )
-
-    async def infer(
+    async def prepare(
         self,
         name: str,
         version: str | None,
-        raw: bytes,
-        header_length: int | None,
+        decode: Decode,
+        terms: Terms,
         *,
         no_cache: bool = False,
         traceparent: str | None = None,
-        disconnected: Callable[[], Awaitable[None]] | None = None,
-    ) -> InferOutcome:
-        """An inference whose request is a V2 HTTP body (JSON, or JSON plus binary tensors)."""
-        return await self.infer_decoded(
-            name,
-            version,
-            lambda meta: parse_infer_request(raw, header_length, meta),
-            no_cache=no_cache,
-            traceparent=traceparent,
-            disconnected=disconnected,
-        )
-
-    async def infer_decoded(
-        self,
-        name: str,
-        version: str | None,
-        decode: Callable[[ModelMetadata], InferRequestBody],
-        *,
-        no_cache: bool = False,
-        traceparent: str | None = None,
-        disconnected: Callable[[], Awaitable[None]] | None = None,
-    ) -> InferOutcome:
-        """An inference whose request the transport decodes (and validates) once the model is
-        known: ``decode(metadata)`` returns the body or raises BadRequest. Every transport ends
-        here, so validation, cache, admission, routing and priority are the same for all."""
-        started = time.monotonic()
+        request_id: str | None = None,
+    ) -> Prepared | InferOutcome:
+        """Every request's opening (see the module docstring): the request to queue, or the
+        answer when the cache holds it. Refusals raise GatewayError, with ``routed`` set once
+        the version is chosen."""
         trace = REQUEST_TRACE.get()
         entry, version = await self.model(name, version)
-        ROUTED_VERSION.set(version)
-        meta = entry.metadata
-        body = decode(meta)
-        sched = self.schedule(meta, body, no_cache=no_cache)
-        trace.since_start("receive and validate")
-        if entry.workers == 0:
-            self.metrics.observe_rejected(name, "no_workers")
-            raise ServiceUnavailable(
-                f"no live worker serves model '{name}'; start one with "
-                f"`inferq worker --models {name}`",
-                retry_after_s=5,
+        try:
+            meta = entry.metadata
+            body = decode(meta)
+            sched = schedule(meta, body, terms, no_cache=no_cache)
+            trace.since_start("receive and validate")
+            if terms.queue_cap is None and entry.workers == 0:
+                self.metrics.observe_rejected(name, "no_workers")
+                raise ServiceUnavailable(
+                    f"no live worker serves model '{name}'; start one with "
+                    f"`inferq worker --models {name}`",
+                    retry_after_s=5,
+                )
+            cache_key = (
+                self.keys.cache(name, version, digest(body.inputs, body.outputs))
+                if sched.use_cache
+                else None
             )
-        cache_key = (
-            self.keys.cache(name, version, digest(body.inputs, body.outputs))
-            if sched.use_cache
-            else None
-        )
-        if cache_key is not None:
-            with trace.span("cache lookup"):
-                cached = await self._redis("GET", cache_key, model=name)
-            self.metrics.observe_cache(name, hit=cached is not None)
-            if cached is not None:
-                try:
-                    return InferOutcome(body, InferResult.decode(cached), cached=True)
-                except ProtocolError:
-                    log.warning("ignoring an undecodable cache entry", key=cache_key)
-        lane = Lane.for_priority(sched.priority)
-        self._admit(name, entry.workers, meta.max_batch, lane, sched.timeout_ms / 1000)
-        request_id = f"{self._id_prefix}{next(self._ids):x}"
+            if cache_key is not None:
+                with trace.span("cache lookup"):
+                    cached = await self._redis("GET", cache_key, model=name)
+                self.metrics.observe_cache(name, hit=cached is not None)
+                if cached is not None:
+                    try:
+                        result = InferResult.decode(cached)
+                        return InferOutcome(body, result, cached=True, version=version)
+                    except ProtocolError:
+                        log.warning("ignoring an undecodable cache entry", key=cache_key)
+            self._admit(name, entry, sched, terms)
+        except GatewayError as e:
+            e.routed = version
+            raise
+        if request_id is None:
+            request_id = f"{self._id_prefix}{next(self._ids):x}"
         now_ms = self.clock.now_ms()
-        queued = trace.start("queue wait")  # enqueue to reply; the worker's spans join it
+        stage = trace.start(terms.stage)
+        reply = terms.kind is Kind.INFER
         request = InferRequest(
             id=request_id,
             model=name,
@@ -252,58 +256,84 @@ class InferenceService:
             outputs=body.outputs,
             deadline_ms=deadline_after(now_ms, sched.timeout_ms),
             enqueued_ms=now_ms,
-            result_key=cache_key or self.keys.result(request_id),
-            result_ttl_ms=(meta.cache_ttl_s if cache_key else self.settings.result_ttl_s) * 1000,
-            reply_to=self.replies.key,
+            result_key=cache_key or (self.keys.result(request_id) if reply else ""),
+            result_ttl_ms=meta.cache_ttl_s * 1000 if cache_key else terms.result_ttl_ms,
+            reply_to=self.replies.key if reply else None,
+            kind=terms.kind,
             priority=sched.priority,
             client_id=body.client_id,
-            traceparent=queued.propagate(traceparent),
+            traceparent=stage.propagate(traceparent),
         )
-        future = self.replies.expect(request_id)
-        self._in_flight[request_id] = InFlight(name, request.deadline_ms, future)
-        self.waiting[name] += 1
-        stream = self.keys.stream(name, lane, self.partition(name, meta.partitions))
-        watch: asyncio.TimerHandle | None = None
+        return Prepared(body, sched, request, meta.partitions, stage)
+
+    async def infer(
+        self,
+        name: str,
+        version: str | None,
+        decode: Decode,
+        *,
+        no_cache: bool = False,
+        traceparent: str | None = None,
+        disconnected: Callable[[], Awaitable[None]] | None = None,
+    ) -> InferOutcome:
+        """Submit and wait: the answer to a request ``decode`` parses (every transport ends
+        here, so validation, cache, admission, routing and priority are the same for all)."""
+        started = time.monotonic()
+        prepared = await self.prepare(
+            name, version, decode, self.terms, no_cache=no_cache, traceparent=traceparent
+        )
+        if isinstance(prepared, InferOutcome):
+            return prepared
+        timeout_ms = prepared.schedule.timeout_ms
+        try:
+            result = await self._queue_and_wait(prepared, started, disconnected)
+            self._observe(name, result)
+            checked = _checked(result, name, timeout_ms)
+            return InferOutcome(prepared.body, checked, cached=False, version=prepared.version)
+        except GatewayError as e:
+            e.routed = prepared.version
+            raise
+
+    async def _queue_and_wait(
+        self,
+        prepared: Prepared,
+        started: float,
+        disconnected: Callable[[], Awaitable[None]] | None,
+    ) -> InferResult:
+        """Queue the request and wait for its answer, until ``started`` (monotonic) plus its
+        timeout."""
+        request = prepared.request
+        name = request.model
+        lane = prepared.schedule.lane
+        waiter = self.waiters.expect(request.id, name, request.deadline_ms)
+        stream = self.keys.stream(name, lane, self.partition(name, prepared.partitions))
         try:
             entry_id = await self._redis("XADD", stream, "*", FIELD, request.encode(), model=name)
-            self.replies.queued(request_id, stream, text(entry_id), request.result_key)
+            waiter.enqueued(stream, text(entry_id), request.result_key)
             self.registry.note_queued(name)
             log.debug(
                 "request queued",
                 component="gateway",
-                request_id=request_id,
+                request_id=request.id,
                 model=name,
-                version=version,
+                version=request.version,
                 lane=lane.value,
-                traceparent=traceparent,
+                traceparent=request.traceparent,
             )
-            remaining = sched.timeout_ms / 1000 - (time.monotonic() - started)
-            if disconnected is not None:
-                watch = asyncio.get_running_loop().call_later(
-                    WATCH_AFTER_S, self._watch, disconnected, request_id
-                )
-            result = await self.replies.wait(future, remaining)
+            remaining = prepared.schedule.timeout_ms / 1000 - (time.monotonic() - started)
+            return await waiter.wait(remaining, disconnected, self._abandon)
         except TimeoutError:
             raise GatewayTimeout(
                 f"model '{name}' did not answer within the request's deadline of "
-                f"{sched.timeout_ms} ms (queue backlog or too few workers); the request will "
-                "not run after its deadline"
+                f"{prepared.schedule.timeout_ms} ms (queue backlog or too few workers); the "
+                "request will not run after its deadline"
             ) from None
         except asyncio.CancelledError:
-            self.abandon(request_id)  # e.g. a cancelled gRPC call
+            self.abandon(request.id)  # e.g. a cancelled gRPC call
             raise
         finally:
-            if watch is not None:
-                watch.cancel()
-                watcher = self._watchers.pop(request_id, None)
-                if watcher is not None:
-                    watcher.cancel()
-            self._in_flight.pop(request_id, None)
-            queued.end()
-            self.replies.forget(request_id)
-            self.waiting[name] -= 1
-        self._observe(name, result)
-        return InferOutcome(body, _checked(result, name, sched.timeout_ms), cached=False)
+            waiter.close()
+            prepared.stage.end()
 
     def partition(self, model: str, partitions: int) -> int:
         """The partition a request goes to: each in turn (round-robin per gateway), so a model
@@ -318,48 +348,35 @@ class InferenceService:
         """The caller of a queued request has gone (an HTTP client hung up, a gRPC call was
         cancelled): stop waiting for it at once, and mark it cancelled so that a worker that
         has not started it drops it unrun (``protocol.cancellation``). Returns False when the
-        request is no longer in flight. Needs no await: callable from callbacks."""
-        pending = self._in_flight.pop(request_id, None)
-        if pending is None:
+        request is no longer waited on. Needs no await: callable from callbacks."""
+        waiter = self.waiters.get(request_id)
+        if waiter is None:
             return False
-        self.replies.forget(request_id)  # the waiting gauge falls now, not at the deadline
-        if not pending.future.done():
-            pending.future.set_exception(
-                ClientClosedRequest("the client went away before its answer was ready")
-            )
-        key = self.keys.cancelled(pending.model)
+        waiter.fail(ClientClosedRequest("the client went away before its answer was ready"))
         marked = self.pipeline.submit(
             "EVAL",
             MARK_SCRIPT,
             1,
-            key,
-            *mark_args(request_id, pending.deadline_ms, self.clock.now_ms()),
+            self.keys.cancelled(waiter.model),
+            *mark_args(request_id, waiter.deadline_ms, self.clock.now_ms()),
         )
         marked.add_done_callback(_log_unmarked)
-        log.debug("request abandoned by its caller", request_id=request_id, model=pending.model)
+        log.debug("request abandoned by its caller", request_id=request_id, model=waiter.model)
         return True
 
-    def _watch(self, disconnected: Callable[[], Awaitable[None]], request_id: str) -> None:
-        """Watch the caller of a request that has waited ``WATCH_AFTER_S``: one task per such
-        request while it waits. Most requests are answered sooner and never cost a task; a
-        caller that hung up before is seen at once (its ``receive`` returns at once)."""
-
-        async def watch() -> None:
-            try:
-                await disconnected()
-            except Exception as e:  # a transport that cannot tell: keep waiting, as before
-                log.debug("cannot watch for the caller going away", error=str(e))
-                return
-            self.abandon(request_id)
-
-        if request_id in self._in_flight:
-            self._watchers[request_id] = asyncio.create_task(watch())
-
-    def _admit(
-        self, name: str, workers: int, max_batch: int, lane: Lane, deadline_s: float
-    ) -> None:
-        """Fail fast rather than queue: a failing model (breaker open), a backlog at its cap,
-        or a queue that would outlast the request's deadline."""
+    def _admit(self, name: str, entry: ModelEntry, sched: Schedule, terms: Terms) -> None:
+        """Fail fast rather than queue. Under a ``queue_cap`` (jobs): a backlog at the cap.
+        Else: a failing model (breaker open), a backlog at ``--max-backlog``, or a queue that
+        would outlast the request's deadline."""
+        if terms.queue_cap is not None:
+            backlog = self.registry.backlog(name)
+            if backlog >= terms.queue_cap:
+                raise TooManyRequests(
+                    f"model '{name}' has {backlog} requests queued, at its limit of "
+                    f"{terms.queue_cap}; retry later",
+                    retry_after_s=5,
+                )
+            return
         now = time.monotonic()
         breaker = self._breaker(name)
         if not breaker.allow(now):
@@ -374,11 +391,11 @@ class InferenceService:
         # Ahead of this request: what Redis last reported unread (all gateways), or what this
         # gateway itself is waiting on (exact, and current), whichever is more.
         verdict = decide(
-            backlog=max(self.registry.backlog(name, through=lane), self.waiting[name]),
+            backlog=max(self.registry.backlog(name, through=sched.lane), self.waiters.count(name)),
             batch_s=service.batch_s if service else None,
-            max_batch=max_batch,
-            workers=workers,
-            deadline_s=deadline_s,
+            max_batch=entry.metadata.max_batch,
+            workers=entry.workers,
+            deadline_s=sched.timeout_ms / 1000,
             max_backlog=self.settings.max_backlog,
         )
         if not verdict.admitted:
@@ -411,6 +428,37 @@ class InferenceService:
         except RETRYABLE as e:
             self.metrics.observe_rejected(model, "redis_unavailable")
             raise redis_unavailable(e) from e
+
+
+def schedule(
+    meta: ModelMetadata, body: InferRequestBody, terms: Terms, *, no_cache: bool
+) -> Schedule:
+    """The request's V2 schedule parameters (``timeout`` in µs, ``priority``, ``cache``),
+    checked (400), under its terms: the default timeout and its cap, the lane when no
+    priority is named, whether the cache may answer (``no_cache``: the caller wants a fresh
+    answer)."""
+    params = body.parameters
+    timeout_us = params.get("timeout", 0)
+    if not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0:
+        raise BadRequest("parameter 'timeout' must be a non-negative integer (microseconds)")
+    priority = params.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+        raise BadRequest("parameter 'priority' must be a non-negative integer (1 is highest)")
+    cache = params.get("cache", True)
+    if not isinstance(cache, bool):
+        raise BadRequest("parameter 'cache' must be true or false")
+    if timeout_us:
+        timeout_ms = timeout_us // 1000
+    elif terms.default_timeout_ms is None:
+        timeout_ms = meta.default_timeout_ms
+    else:
+        timeout_ms = terms.default_timeout_ms
+    return Schedule(
+        timeout_ms=max(1, min(timeout_ms, terms.max_timeout_ms)),
+        priority=priority,
+        lane=Lane.for_priority(priority) if "priority" in params else terms.unprioritised,
+        use_cache=cache and terms.cache and not no_cache and meta.cache_enabled,
+    )
 
 
 def _log_unmarked(marked: asyncio.Future[Any]) -> None:

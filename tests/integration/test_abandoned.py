@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 from dataclasses import replace
@@ -10,6 +11,7 @@ import redis
 from starlette.testclient import TestClient
 
 from producer.app import create_app
+from producer.v2_request import parse_infer_request
 from protocol.cancellation import CHECK_AFTER_MS
 from protocol.keys import Keys
 from tests.support import sim_body, wait_until
@@ -90,7 +92,8 @@ def test_cancelling_the_task_that_waits_abandons_the_request_as_a_cancelled_grpc
         wait_until(lambda: service.registry.live_workers == 1, what="the worker to be known")
         ran_before = worker.stats.requests
         with worker.paused():
-            call = client.portal.start_task_soon(service.infer, "sim", None, body, None)
+            decode = functools.partial(parse_infer_request, body, None)
+            call = client.portal.start_task_soon(service.infer, "sim", None, decode)
             wait_until(lambda: app.state.gateway.replies.waiting == 1, what="the request queued")
             call.cancel()
             wait_until(lambda: app.state.gateway.replies.waiting == 0, what="the waiter gone")

@@ -269,10 +269,10 @@ def test_a_cancelled_call_is_abandoned_like_a_disconnected_http_client(grpc_stac
         ran_before = worker.stats.requests
         with worker.paused(), redis.Redis.from_url(redis_url) as r:
             call = stub.ModelInfer.future(request, timeout=30)
-            wait_until(lambda: gateway.service.waiting["sim"] == 1, what="the call queued")
+            wait_until(lambda: gateway.service.waiters.count("sim") == 1, what="the call queued")
             assert call.cancel()
             wait_until(
-                lambda: gateway.service.waiting["sim"] == 0 and gateway.replies.waiting == 0,
+                lambda: gateway.service.waiters.count("sim") == 0 and gateway.replies.waiting == 0,
                 what="the gateway to stop waiting for the cancelled call",
             )
             marks = Keys(grpc_stack.namespace).cancelled("sim")

@@ -11,7 +11,7 @@ from starlette.middleware import Middleware
 from starlette.testclient import TestClient
 
 from producer.app import routes
-from producer.instrument import RequestMetrics
+from producer.instrument import Instrument, RequestMetrics
 from producer.metrics import ENDPOINTS
 
 
@@ -33,8 +33,9 @@ def client_and_calls() -> Any:
         registry=SimpleNamespace(models={"digits": SimpleNamespace(metadata=metadata)}),
         metrics=Recorded(),
     )
+    instrument = Instrument(gateway, None)  # type: ignore[arg-type]
     app = Starlette(
-        routes=table, middleware=[Middleware(RequestMetrics, gateway=gateway, routes=table)]
+        routes=table, middleware=[Middleware(RequestMetrics, instrument=instrument, routes=table)]
     )
     with TestClient(app) as client:
         yield client, gateway.metrics.calls

@@ -84,12 +84,12 @@ def with_listener(
 
 def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url, namespace, lean):
     async def body(listener: ReplyListener) -> None:
-        future = listener.expect("a")
+        waiter = listener.waiters.expect("a", "m", 0)
         r.xadd(listener.key, {b"keepalive": b"1"})
         r.xadd(listener.key, {FIELD: ok("nobody-waits-for-this")})
         r.xadd(listener.key, {FIELD: b"\x93garbage"})
         r.xadd(listener.key, {FIELD: ok("a")})
-        result = await listener.wait(future, 5)
+        result = await waiter.wait(5)
         assert result.id == "a" and result.status is Status.OK
         assert listener.waiting == 0
 
@@ -98,9 +98,10 @@ def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url,
 
 def test_a_waiter_gets_timeout_error_at_its_deadline(redis_url, namespace, lean):
     async def body(listener: ReplyListener) -> None:
-        future = listener.expect("late")
+        waiter = listener.waiters.expect("late", "m", 0)
         with pytest.raises(TimeoutError):
-            await listener.wait(future, 0.05)
+            await waiter.wait(0.05)
+        assert listener.waiting == 0  # the deadline settled it, through the record
 
     with_listener(redis_url, namespace, body, lean)
 
@@ -111,12 +112,12 @@ def test_a_reply_published_while_the_listener_is_disconnected_is_delivered_after
     reads = Backoff("replies", log, first_s=0.5)  # stays disconnected long enough to publish
 
     async def body(listener: ReplyListener) -> None:
-        future = listener.expect("during")
+        waiter = listener.waiters.expect("during", "m", 0)
         await until(lambda: any(c["cmd"] == "xread" for c in clients(r, namespace)))
         kill(r, namespace)
         await until(lambda: not reads.healthy)  # it noticed, and waits before reconnecting
         r.xadd(listener.key, {FIELD: ok("during")})  # published while nobody reads
-        result = await listener.wait(future, 5)
+        result = await waiter.wait(5)
         assert result.id == "during"
         assert reads.healthy
 
@@ -174,17 +175,19 @@ def test_after_the_reply_stream_was_lost_stored_results_answer_and_lost_requests
     r.set(f"{namespace}:result:done", ok("done"))
 
     async def body(listener: ReplyListener) -> None:
-        done, lost, queued = (listener.expect(i) for i in ("done", "lost", "queued"))
-        listener.queued("done", stream, done_id, f"{namespace}:result:done")
-        listener.queued("queued", stream, queued_id, f"{namespace}:result:queued")
+        done, lost, queued = (
+            listener.waiters.expect(i, "m", 0) for i in ("done", "lost", "queued")
+        )
+        done.enqueued(stream, done_id, f"{namespace}:result:done")
+        queued.enqueued(stream, queued_id, f"{namespace}:result:queued")
         r.xdel(stream, done_id)  # acknowledged and trimmed
-        listener.queued("lost", stream, "1-1", f"{namespace}:result:lost")  # long gone
+        lost.enqueued(stream, "1-1", f"{namespace}:result:lost")  # long gone
         r.delete(listener.key)
         await listener.keepalive()  # finds the stream gone: recreates it and sweeps
-        assert (await done).id == "done"
+        assert (await done.future).id == "done"
         with pytest.raises(ServiceUnavailable, match="lost"):
-            await lost
-        assert not queued.done() and listener.waiting == 1
+            await lost.future
+        assert not queued.future.done() and listener.waiting == 1
         assert listener.losses == 1 and listener.lost == 1
 
     with_listener(redis_url, namespace, body, lean, run=False)
@@ -199,12 +202,13 @@ def test_a_request_gone_from_its_stream_without_a_result_fails_at_the_second_swe
     r.xadd(stream, {FIELD: b"newer"})
 
     async def body(listener: ReplyListener) -> None:
-        future = listener.expect("gone")
-        listener.queued("gone", stream, "1-1", f"{namespace}:result:gone")
+        waiter = listener.waiters.expect("gone", "m", 0)
+        waiter.enqueued(stream, "1-1", f"{namespace}:result:gone")
         await listener.sweep()
-        assert not future.done()
+        assert not waiter.future.done() and waiter.suspect
         await listener.sweep()
         with pytest.raises(ServiceUnavailable):
-            await future
+            await waiter.future
+        assert listener.waiting == 0
 
     with_listener(redis_url, namespace, body, lean, run=False)

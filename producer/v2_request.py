@@ -1,38 +1,20 @@
-"""Open Inference Protocol (KServe V2) inference bodies: parse and check requests, build responses.
+"""Open Inference Protocol (KServe V2) inference requests: parse a body and check it against the
+model. Pure functions, no I/O.
 
-Pure functions, no I/O: the HTTP layer hands in the raw body and the value of the
-``Inference-Header-Content-Length`` header, and gets back tensors in wire form
-(:class:`protocol.tensor.Tensor`) ready for Redis; on the way back it hands in the result tensors
-and gets the response body plus the header length to send.
+In: the raw body and the ``Inference-Header-Content-Length`` value (``None``: the whole body is
+JSON; else the first ``n`` bytes are the JSON header and the rest the raw data of the inputs that
+set ``parameters.binary_data_size``, in their order). Out: an :class:`InferRequestBody` whose
+tensors are already in wire form (:class:`protocol.tensor.Tensor`, which is also the binary
+extension's form, so binary data passes through untouched). Every problem raises
+:class:`producer.errors.BadRequest` with a message for the person who sent it, naming the input
+or output concerned. The gRPC codec (``producer.grpc_codec``) calls the same checks, so both
+transports refuse alike.
 
-Both plain JSON bodies and Triton's binary tensor data extension are supported: with
-``Inference-Header-Content-Length: n`` the first ``n`` bytes are the JSON header and the rest is
-the raw data of the tensors whose ``parameters.binary_data_size`` is set, in the order they are
-listed. Fixed-size datatypes travel as little-endian raw bytes and ``BYTES`` as 4-byte
-little-endian length-prefixed elements, which is exactly the form ``Tensor`` stores, so binary
-data is passed through untouched.
-
-Every problem with a request raises :class:`producer.errors.BadRequest` with a message meant for
-the person who sent it, naming the input or output concerned.
-
-Why one module of ~650 lines: it is the whole V2 body contract, and the HTTP routes, the job
-path and the gRPC codec (``producer.grpc_codec``) all call its checks, so a request gets the same
-rules and the same messages whichever way it came in. About half of it is the JSON number and
-string rules (exact integers, strict finite floats, per-datatype ranges), which only make sense
-next to the parser that applies them. Split it along request/response if it grows further.
-
-Leniencies, deliberately kept because checking them would cost a Python loop per element:
-
-* JSON ``true``/``false`` mixed with numbers in numeric ``data`` are taken as 1/0 (numpy's
-  conversion); a list made only of ``true``/``false`` is still rejected for numeric datatypes.
-
-Strictness, deliberately: ``NaN``, ``Infinity`` and ``-Infinity`` are not JSON (RFC 8259), so a
-JSON body that holds them, or a number literal too large to be finite (``1e999``), is refused
-with 400; non-finite values travel as binary data only, both ways (see
-:func:`encode_infer_response`). An integer literal longer than Python's limit on integer string
-conversion (4,300 digits) is refused with 400 too: no datatype could hold it.
-
-Shared memory and the classification extension are not supported and are rejected.
+Deliberate rules: ``NaN``, ``Infinity`` and number literals too large to be finite are not JSON
+(RFC 8259) and are refused (non-finite values travel as binary data); so is an integer literal
+beyond Python's 4,300-digit conversion limit. ``true``/``false`` mixed with numbers read as 1/0
+(numpy's conversion; checking would cost a loop per element). Shared memory and the
+classification extension are refused.
 """
 
 from __future__ import annotations
@@ -51,7 +33,6 @@ from producer.errors import BadRequest
 from protocol.errors import ProtocolError
 from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import BYTES, DATATYPES, DTYPES, Tensor, pack_bytes_elements
-from protocol.tensor import unpack_bytes_elements as _unpack_bytes
 
 __all__ = [
     "InferRequestBody",
@@ -59,7 +40,6 @@ __all__ = [
     "check_input_parameters",
     "check_inputs_complete",
     "check_tensor_header",
-    "encode_infer_response",
     "parse_infer_request",
     "parse_json_object",
     "raise_no_inputs",
@@ -93,15 +73,11 @@ _KIND_WORDS = {
 class InferRequestBody:
     """A validated inference request.
 
-    ``binary_outputs`` and ``binary_all`` are already resolved from the request-level
-    ``parameters.binary_data_output`` and the per-output ``parameters.binary_data`` (which takes
-    precedence), so that an output is sent as binary data exactly when
-    ``binary_all or name in binary_outputs`` -- the rule :func:`encode_infer_response` applies:
-
-    * ``binary_outputs`` holds the name of every output (of those requested, or of all the model's
-      outputs when ``outputs`` is ``None``) that is to be returned as binary data.
-    * ``binary_all`` is ``True`` only when the request set ``binary_data_output`` and no requested
-      output opted out with ``binary_data: false``; ``binary_outputs`` then holds every output too.
+    ``binary_outputs`` and ``binary_all`` are resolved from ``parameters.binary_data_output`` and
+    each output's ``parameters.binary_data`` (which wins): an output is sent as binary data
+    exactly when ``binary_all or name in binary_outputs`` (``producer.v2_response``).
+    ``binary_all`` holds only when ``binary_data_output`` is set and no requested output opted
+    out; ``binary_outputs`` then names every output too.
     """
 
     client_id: str | None
@@ -259,68 +235,6 @@ def parse_infer_request(
         binary_all=binary_all,
         parameters=parameters,
     )
-
-
-def encode_infer_response(
-    *,
-    client_id: str | None,
-    model_name: str,
-    model_version: str,
-    outputs: list[Tensor],
-    binary_outputs: frozenset[str],
-    binary_all: bool,
-) -> tuple[bytes, int | None]:
-    """Build a V2 inference response body; returns ``(body, header_length)``.
-
-    Outputs appear in the order of ``outputs``. An output is sent as binary data when
-    ``binary_all`` is true or its name is in ``binary_outputs`` (see :class:`InferRequestBody`):
-    its JSON entry then has ``"parameters": {"binary_data_size": n}`` and no ``data``, and its
-    bytes follow the JSON header in the order of ``outputs``. Other outputs carry ``data``, the
-    flattened row-major values.
-
-    ``header_length`` is ``None`` when the body is plain JSON (``application/json``); otherwise the
-    caller sends ``Inference-Header-Content-Length: header_length`` with
-    ``application/octet-stream``.
-
-    Edge cases:
-
-    * A ``BYTES`` output with an element that is not valid UTF-8 cannot be a JSON string without
-      altering it, so that output is sent as binary data even if JSON was asked for (lossless, and
-      every client of the binary extension, tritonclient included, reads it). Callers must
-      therefore always honour ``header_length``.
-    * A floating-point output holding ``NaN`` or an infinity is sent as binary data too: JSON has
-      no such numbers, and writing them as Python does (``NaN``) would make a body that strict
-      JSON parsers refuse. The JSON part of a response is always strict JSON.
-    """
-    entries: list[dict[str, Any]] = []
-    blobs: list[bytes] = []
-    for tensor in outputs:
-        entry: dict[str, Any] = {
-            "name": tensor.name,
-            "datatype": tensor.datatype,
-            "shape": list(tensor.shape),
-        }
-        data = None
-        if not (binary_all or tensor.name in binary_outputs):
-            data = _json_values(tensor)
-        if data is None:
-            entry["parameters"] = {"binary_data_size": len(tensor.data)}
-            blobs.append(tensor.data)
-        else:
-            entry["data"] = data
-        entries.append(entry)
-
-    response: dict[str, Any] = {}
-    if client_id is not None:
-        response["id"] = client_id
-    response["model_name"] = model_name
-    response["model_version"] = model_version
-    response["outputs"] = entries
-    # Compact and strict: non-finite outputs never reach it (they go as binary data).
-    header = orjson.dumps(response)
-    if not blobs:
-        return header, None
-    return b"".join([header, *blobs]), len(header)
 
 
 # --- requests: tensor headers -------------------------------------------------------------
@@ -616,24 +530,6 @@ def requested_outputs(
             binary.add(name)
         names.append(name)
     return names, frozenset(binary), binary_data_output and not opted_out
-
-
-# --- responses ----------------------------------------------------------------------------
-
-
-def _json_values(tensor: Tensor) -> list[Any] | None:
-    """The flat JSON values of a tensor, or None when JSON cannot carry them exactly (BYTES data
-    that is not UTF-8, floats that are not finite): the caller then sends binary data."""
-    if tensor.datatype == BYTES:
-        try:
-            return [e.decode("utf-8") for e in _unpack_bytes(tensor.data)]
-        except UnicodeDecodeError:
-            return None
-    arr = np.frombuffer(tensor.data, dtype=DTYPES[tensor.datatype])
-    if arr.dtype.kind in _FLOAT_KINDS and not np.isfinite(arr).all():
-        return None
-    values: list[Any] = arr.tolist()
-    return values
 
 
 # --- messages -----------------------------------------------------------------------------
