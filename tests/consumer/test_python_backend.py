@@ -64,15 +64,20 @@ def write_model(
     extra: str = "",
     versions: tuple[str, ...] = ("1",),
     warmup: bool = False,
+    max_batch: int = 8,
+    flush_ms: float = 2.0,
+    timeout_ms: int = 5000,
 ) -> Path:
-    """A python model ``name`` whose every version runs ``code`` as its model.py."""
+    """A python model ``name`` whose every version runs ``code`` as its model.py (no warm-up
+    unless ``warmup``)."""
     folder = repo / name
     for v in versions:
         (folder / v).mkdir(parents=True, exist_ok=True)
         (folder / v / "model.py").write_text(textwrap.dedent(code))
     sizes = "" if warmup else "[warmup]\nbatch_sizes = []\n"
     (folder / "config.toml").write_text(
-        f'backend = "python"\nmax_batch = 8\ndefault_timeout_ms = 5000\n{extra}\n{sizes}{io}'
+        f'backend = "python"\nmax_batch = {max_batch}\nflush_ms = {flush_ms}\n'
+        f"default_timeout_ms = {timeout_ms}\n{extra}\n{sizes}{io}"
     )
     return folder
 
