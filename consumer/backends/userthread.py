@@ -84,7 +84,7 @@ class UserThread:
             raise Overran(
                 f"not run: {old.what} overran its deadline {time.monotonic() - old.overran_at:.1f}"
                 " s ago and has not returned (a running Python call cannot be stopped); calls "
-                "fail at once until it returns, or the version is loaded again"
+                "fail at once until it returns"
             )
         timeout = None if deadline is None else deadline - time.monotonic()
         if timeout is not None and timeout <= 0:

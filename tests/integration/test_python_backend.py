@@ -5,8 +5,14 @@ supervisor, and the two examples answering as they do in-process."""
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
+import subprocess
+import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,11 +24,17 @@ import numpy as np
 import pytest
 import redis
 
+from consumer.backends import create_backend
+from consumer.repository import load_config
 from protocol.keys import Keys
 from tests.consumer.test_python_backend import ECHO, HANGS_UNTIL_RELEASED, write_model
 from tests.integration.test_model_control import TOKEN, BackgroundAdmin
 from tests.support import GatewayThread, Stack, WorkerThread, wait_until
 from tests.upstack import up_processes
+
+SAMPLES = json.loads(
+    (Path(__file__).resolve().parents[2] / "models/digits/samples.json").read_text()
+)["inputs"]
 
 BATCH_IO = """
 [[inputs]]
@@ -311,3 +323,162 @@ def test_a_python_model_that_crashes_its_worker_is_restarted_and_serves_again(
         exits = u.events("child exited", child="worker 0")
         assert exits and all(e["exit"] == "exit code 70" for e in exits)
         assert u.stop() == 0
+
+
+# -- the README's section, run as written ------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+SECTION = "### Your own Python code: the Python backend"
+
+
+def readme_blocks() -> list[tuple[str, str]]:
+    """(language, text) of each fenced block of the README's Python backend section."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index(SECTION) :]
+    section = section[: section.index("\n## ")]
+    return re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+
+
+def block(language: str, containing: str) -> str:
+    (found,) = [t for lang, t in readme_blocks() if lang == language and containing in t]
+    return found
+
+
+def expected_output(snippet: str) -> str:
+    """What the README says a snippet prints: its trailing ``# `` comment lines."""
+    lines = snippet.rstrip("\n").splitlines()
+    out: list[str] = []
+    while lines and lines[-1].startswith("# "):
+        out.insert(0, lines.pop()[2:])
+    return "\n".join(out)
+
+
+@pytest.fixture(scope="module")
+def examples_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The README's minimal model, and the two examples as `inferq models build-examples`
+    leaves them."""
+    from inferq import examples
+
+    repo = tmp_path_factory.mktemp("examples") / "models"
+    for name in ("digits-png", "topics"):
+        shutil.copytree(
+            ROOT / "models" / name,
+            repo / name,
+            ignore=shutil.ignore_patterns("*.onnx", "tokenizer.json", "__pycache__"),
+        )
+    shutil.copy(ROOT / "models" / "digits-png" / "1" / "model.onnx", repo / "digits-png" / "1")
+    assert {p.name for p in examples.build(repo, ("topics",))} == {"model.onnx", "tokenizer.json"}
+    for path in ("models/reverse/config.toml", "models/reverse/1/model.py"):
+        language = "toml" if path.endswith(".toml") else "python"
+        target = repo.parent / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(block(language, f"# {path}\n"))
+    return repo
+
+
+@pytest.fixture(scope="module")
+def examples_stack(redis_server, examples_repo: Path) -> Iterator[Stack]:
+    started: list[GatewayThread | WorkerThread] = []
+    s = Stack(redis_server.url, f"examples-{uuid.uuid4().hex[:8]}", examples_repo, started)
+    try:
+        s.add_worker()
+        s.start_gateway()
+        yield s
+    finally:
+        for thing in reversed(started):
+            thing.stop()
+
+
+def run_curl(s: Stack, snippet: str) -> dict[str, Any]:
+    """The snippet's curl command, run by bash from the repository root against ``s``."""
+    command = "\n".join(
+        line for line in snippet.splitlines() if not line.startswith(("#", "inferq models"))
+    ).replace("http://127.0.0.1:8000", s.url)
+    done = subprocess.run(
+        ["bash", "-c", command], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def run_snippet(s: Stack, snippet: str) -> tuple[str, dict[str, list[Any]]]:
+    """The snippet run by Python from the repository root against ``s``: what it printed, and
+    every output of its ``result``, flattened."""
+    dump = (
+        "\nimport json as _json, sys as _sys\n"
+        "_sys.stderr.write(_json.dumps({o['name']: [x.decode() if isinstance(x, bytes) else x "
+        "for x in result.as_numpy(o['name']).reshape(-1).tolist()] "
+        "for o in result.get_response()['outputs']}))\n"
+    )
+    code = snippet.replace("127.0.0.1:8000", s.url.removeprefix("http://")) + dump
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.rstrip("\n"), json.loads(done.stderr)
+
+
+def in_process(repo: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    backend = create_backend(load_config(repo, model), "1")
+    backend.load()
+    try:
+        return backend.predict(inputs)
+    finally:
+        backend.unload()
+
+
+def outputs_of(answer: dict[str, Any]) -> dict[str, Any]:
+    return {o["name"]: o["data"] for o in answer["outputs"]}
+
+
+def test_the_readmes_minimal_model_answers_as_the_readme_says(examples_stack):
+    snippet = block("sh", "/v2/models/reverse/infer")
+    assert run_curl(examples_stack, snippet) == json.loads(expected_output(snippet))
+
+
+def test_the_readmes_digits_png_lines_answer_as_the_same_code_in_process(
+    examples_stack, examples_repo
+):
+    png = (ROOT / "models" / "digits-png" / "1" / "samples" / "3.png").read_bytes()
+    expected = in_process(examples_repo, "digits-png", {"image": np.array([png], dtype=object)})
+    digits = in_process(ROOT / "models", "digits", {"input": np.array([SAMPLES[3]], np.float32)})
+    assert expected["label"].tolist() == [3] == digits["label"].tolist()
+
+    snippet = block("sh", "/v2/models/digits-png/infer")
+    answer = outputs_of(run_curl(examples_stack, snippet))
+    assert answer == outputs_of(json.loads(expected_output(snippet)))  # the README's own line
+    assert answer["label"] == expected["label"].tolist()
+    assert np.array_equal(
+        np.array(answer["probabilities"], np.float32), expected["probabilities"].reshape(-1)
+    )
+
+    snippet = block("python", '"digits-png"')
+    printed, result = run_snippet(examples_stack, snippet)
+    assert printed == expected_output(snippet)
+    assert result["label"] == [3]
+    assert np.array_equal(
+        np.array(result["probabilities"], np.float32), expected["probabilities"].reshape(-1)
+    )
+
+
+def test_the_readmes_topics_lines_answer_as_the_same_code_in_process(examples_stack, examples_repo):
+    snippet = block("sh", "/v2/models/topics/infer")
+    answer = outputs_of(run_curl(examples_stack, snippet))
+    said = outputs_of(json.loads(expected_output(snippet)))
+    texts = json.loads(re.search(r"-d '(.*)'", snippet).group(1))["inputs"][0]["data"]
+    expected = in_process(
+        examples_repo, "topics", {"text": np.array([t.encode() for t in texts], dtype=object)}
+    )
+    assert (
+        answer["labels"] == said["labels"] == [b.decode() for b in expected["labels"].reshape(-1)]
+    )
+    assert np.allclose(answer["scores"], said["scores"], atol=1e-5)
+    assert np.allclose(answer["scores"], expected["scores"].reshape(-1), atol=1e-6)
+
+    snippet = block("python", '"topics"')
+    printed, result = run_snippet(examples_stack, snippet)
+    assert printed == expected_output(snippet)
+    sent = [b"Snow and strong winds tonight.", b"Bake it for an hour."]
+    expected = in_process(examples_repo, "topics", {"text": np.array(sent, dtype=object)})
+    assert result["labels"] == [b.decode() for b in expected["labels"].reshape(-1)]
+    assert np.allclose(result["scores"], expected["scores"].reshape(-1), atol=1e-6)
