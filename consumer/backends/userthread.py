@@ -36,12 +36,26 @@ class _Call:
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], what: str) -> None:
         self.fn, self.args, self.what = fn, args, what
-        self.done = threading.Event()
+        self.finished = False
+        self._end = threading.Lock()  # held until the call ends (cheaper than an Event)
+        self._end.acquire()
         self.value: Any = None
         self.error: BaseException | None = None
         self.task: asyncio.Task[Any] | None = None
         self.started = time.monotonic()
         self.overran_at = 0.0
+
+    def end(self) -> None:
+        """On the thread: the call has ended."""
+        self.finished = True
+        self._end.release()
+
+    def wait(self, timeout: float | None) -> bool:
+        """Whether the call ended within ``timeout`` seconds (None: however long it takes)."""
+        if not self._end.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        self._end.release()  # so that any later wait returns at once
+        return True
 
     def cancel_task(self) -> None:
         """On the thread's loop: cancel this call's coroutine if it is still running."""
@@ -70,7 +84,7 @@ class UserThread:
 
     def stuck(self) -> bool:
         """A call overran its deadline and is still running."""
-        if self._overrun is not None and self._overrun.done.is_set():
+        if self._overrun is not None and self._overrun.finished:
             self._overrun = None
         return self._overrun is not None
 
@@ -91,13 +105,13 @@ class UserThread:
             raise Overran(f"not run: the deadline had passed {-timeout:.3f} s before {what}")
         call = _Call(fn, args, what)
         self._calls.put(call)
-        if not call.done.wait(timeout):
+        if not call.wait(timeout):
             call.overran_at = time.monotonic()
             loop = self._loop
             if loop is not None:
                 with contextlib.suppress(RuntimeError):  # closed: the thread has ended
                     loop.call_soon_threadsafe(call.cancel_task)
-            if not call.done.wait(CANCEL_GRACE_S):
+            if not call.wait(CANCEL_GRACE_S):
                 self._overrun = call
                 raise Overran(
                     f"{what} did not return by its deadline "
@@ -123,7 +137,7 @@ class UserThread:
             except BaseException as e:  # the caller re-raises it; the thread serves on
                 call.error = e
             finally:
-                call.done.set()
+                call.end()
         if self._loop is not None:
             self._loop.close()
 
