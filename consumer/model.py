@@ -149,9 +149,10 @@ class ServedModel:
         return self.backends.get(version) or self.standby.get(version) or self.retiring.get(version)
 
     def may_run_inline(self, version: str) -> bool:
-        """Whether a batch of ``version`` may run on the event loop when quick enough."""
+        """Whether a batch of ``version`` may run on the event loop when quick enough (one of
+        a version not loaded here may: it fails at once)."""
         backend = self.backend_for(version)
-        return backend is not None and backend.may_run_inline
+        return backend is None or backend.may_run_inline
 
     def unload(self) -> None:
         for backend in (*self.backends.values(), *self.standby.values(), *self.retiring.values()):

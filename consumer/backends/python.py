@@ -85,6 +85,11 @@ class PythonBackend:
         self._module = ""
         self._path = Path()
 
+    @property
+    def model(self) -> Any:
+        """The instance of the model's class this version serves (None unless loaded)."""
+        return self._model
+
     def _error(self, why: str) -> BackendError:
         return BackendError(f"model '{self.config.name}' version {self.version}: {why}")
 

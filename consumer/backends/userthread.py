@@ -26,9 +26,9 @@ from typing import Any
 
 from consumer.backends.base import Overran
 
-CANCEL_GRACE_S = 0.05
-"""How long a caller whose call overran waits for it to end after cancelling it (a cancelled
-coroutine ends at once; a blocked synchronous call does not end at all)."""
+CANCEL_GRACE_S = 0.5
+"""How long a coroutine cancelled at its deadline is given to end (it ends at its next
+``await``, at once unless the machine is very busy) before its thread counts as stuck."""
 
 
 class _Call:
@@ -92,8 +92,10 @@ class UserThread:
         """``fn(*args)`` on the thread (awaited there if it returns an awaitable), waited for
         until ``deadline`` (monotonic seconds; None: as long as it takes). Raises what the call
         raised, or ``Overran`` if it did not return in time or an earlier call is stuck."""
+        old = self._overrun
+        if old is not None and old.task is not None:
+            old.wait(CANCEL_GRACE_S)  # a cancelled coroutine ends at its next await
         if self.stuck():
-            old = self._overrun
             assert old is not None
             raise Overran(
                 f"not run: {old.what} overran its deadline {time.monotonic() - old.overran_at:.1f}"
@@ -105,27 +107,22 @@ class UserThread:
             raise Overran(f"not run: the deadline had passed {-timeout:.3f} s before {what}")
         call = _Call(fn, args, what)
         self._calls.put(call)
-        if not call.wait(timeout):
-            call.overran_at = time.monotonic()
-            loop = self._loop
-            if loop is not None:
-                with contextlib.suppress(RuntimeError):  # closed: the thread has ended
-                    loop.call_soon_threadsafe(call.cancel_task)
+        if call.wait(timeout):
+            if call.error is not None:
+                raise call.error
+            return call.value
+        call.overran_at = time.monotonic()
+        late = f"{what} did not return by its deadline ({call.overran_at - call.started:.1f} s)"
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # closed: the thread has ended
+                loop.call_soon_threadsafe(call.cancel_task)
+        if call.task is not None:  # a coroutine: cancelled at the await it is waiting on
             if not call.wait(CANCEL_GRACE_S):
                 self._overrun = call
-                raise Overran(
-                    f"{what} did not return by its deadline "
-                    f"({call.overran_at - call.started:.1f} s after it was called); it is left "
-                    "running, and calls fail at once until it returns"
-                )
-            if call.task is not None and call.task.cancelled():
-                raise Overran(
-                    f"{what} did not return by its deadline "
-                    f"({call.overran_at - call.started:.1f} s after it was called): cancelled"
-                )
-        if call.error is not None:
-            raise call.error
-        return call.value
+            raise Overran(f"{late}: cancelled")
+        self._overrun = call
+        raise Overran(f"{late}; it is left running, and calls fail at once until it returns")
 
     def _serve(self) -> None:
         while (call := self._calls.get()) is not None:
