@@ -26,7 +26,7 @@ from consumer.backends.base import check_outputs
 from consumer.repository import ModelConfig
 from consumer.warmup import warm_up
 from protocol.messages import InferRequest, InferResult, Status, Timings
-from protocol.registry import ModelMetadata
+from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import Tensor
 
 Waited = tuple[float, float]
@@ -206,7 +206,7 @@ class ServedModel:
             return _fail_all(requests, waits, stamp, f"inputs do not batch together: {e}", 0.0)
         started = time.perf_counter()
         try:
-            outputs = self._predict(backend, inputs, total, stamp.deadline)
+            outputs = _predict(backend, inputs, total, self.max_batch, self.config.outputs, stamp)
         except InvalidInput as e:
             elapsed = time.perf_counter() - started
             return self._reject_row(requests, waits, stamp, counts, e, elapsed)
@@ -233,34 +233,6 @@ class ServedModel:
             offset += n
             results.append(stamp.result(request, waited, Status.OK, elapsed, outputs=tensors))
         return BatchOutcome(results, elapsed)
-
-    def _predict(
-        self,
-        backend: Backend,
-        inputs: dict[str, npt.NDArray[Any]],
-        rows: int,
-        deadline: float | None,
-    ) -> dict[str, npt.NDArray[Any]]:
-        """One model call, its outputs checked; or, for more than ``max_batch`` rows, which
-        only a single request larger than ``max_batch`` brings, one call per ``max_batch`` rows
-        with the outputs concatenated: the model never sees more rows than its ``max_batch``
-        allows, and the worker's peak memory stays that of one such call (a 250,000-row request
-        ran as one call before)."""
-        limit, specs = self.max_batch, self.config.outputs
-        if rows <= limit:
-            out = backend.predict(inputs, deadline)
-            check_outputs(specs, out, rows)
-            return out
-        parts: list[dict[str, npt.NDArray[Any]]] = []
-        for start in range(0, rows, limit):
-            chunk = {name: arr[start : start + limit] for name, arr in inputs.items()}
-            try:
-                out = backend.predict(chunk, deadline)
-            except InvalidInput as e:
-                raise InvalidInput(str(e), e.row + start) from e
-            check_outputs(specs, out, min(limit, rows - start))
-            parts.append(out)
-        return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
     def _reject_row(
         self,
@@ -336,6 +308,35 @@ def _fail_all(
         ],
         elapsed,
     )
+
+
+def _predict(
+    backend: Backend,
+    inputs: dict[str, npt.NDArray[Any]],
+    rows: int,
+    limit: int,
+    specs: Sequence[TensorSpec],
+    stamp: _Stamp,
+) -> dict[str, npt.NDArray[Any]]:
+    """One model call, its outputs checked against ``specs``; or, for more than ``limit``
+    (``max_batch``) rows, which only a single request larger than ``max_batch`` brings, one call
+    per ``limit`` rows with the outputs concatenated: the model never sees more rows than its
+    ``max_batch`` allows, and the worker's peak memory stays that of one such call (a
+    250,000-row request ran as one call before)."""
+    if rows <= limit:
+        out = backend.predict(inputs, stamp.deadline)
+        check_outputs(specs, out, rows)
+        return out
+    parts: list[dict[str, npt.NDArray[Any]]] = []
+    for start in range(0, rows, limit):
+        chunk = {name: arr[start : start + limit] for name, arr in inputs.items()}
+        try:
+            out = backend.predict(chunk, stamp.deadline)
+        except InvalidInput as e:
+            raise InvalidInput(str(e), e.row + start) from e
+        check_outputs(specs, out, min(limit, rows - start))
+        parts.append(out)
+    return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 
 
 def rows_of(request: InferRequest) -> int:
