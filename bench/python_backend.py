@@ -135,9 +135,11 @@ def call_path_us(model: ServedModel, batch: int, inline: bool, iterations: int) 
         for _ in range(iterations):
             deadline = time.monotonic() + 10
             if inline:
-                outcome = model.run(reqs, "bench", deadline)
+                outcome = model.run(reqs, "bench", None, deadline)
             else:
-                outcome = await loop.run_in_executor(executor, model.run, reqs, "bench", deadline)
+                outcome = await loop.run_in_executor(
+                    executor, model.run, reqs, "bench", None, deadline
+                )
             assert not outcome.failures, outcome.results[0].error
 
     asyncio.run(run())  # warm
