@@ -8,13 +8,14 @@ import importlib.util
 import io
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from consumer.backends import InvalidInput, create_backend
+from consumer.backends import Backend, InvalidInput, create_backend
 from consumer.model import ServedModel
 from consumer.repository import load_config
 from protocol.messages import Status
@@ -45,20 +46,21 @@ def png(image: Image.Image) -> bytes:
     return out.getvalue()
 
 
-@pytest.fixture(scope="module")
-def digits_png():
-    backend = create_backend(load_config(MODELS, "digits-png"), "1")
+def loaded(model: str) -> Iterator[Backend]:
+    backend = create_backend(load_config(MODELS, model), "1")
     backend.load()
     yield backend
     backend.unload()
 
 
 @pytest.fixture(scope="module")
-def digits():
-    backend = create_backend(load_config(MODELS, "digits"), "1")
-    backend.load()
-    yield backend
-    backend.unload()
+def digits_png() -> Iterator[Backend]:
+    yield from loaded("digits-png")
+
+
+@pytest.fixture(scope="module")
+def digits() -> Iterator[Backend]:
+    yield from loaded("digits")
 
 
 def test_digits_png_runs_the_digits_graph_itself():

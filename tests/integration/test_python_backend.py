@@ -27,7 +27,12 @@ import redis
 from consumer.backends import create_backend
 from consumer.repository import load_config
 from protocol.keys import Keys
-from tests.consumer.test_python_backend import ECHO, HANGS_UNTIL_RELEASED, write_model
+from tests.consumer.test_python_backend import (
+    ECHO,
+    HANGS_UNTIL_RELEASED,
+    TEXT_IO,
+    write_model,
+)
 from tests.integration.test_model_control import TOKEN, BackgroundAdmin
 from tests.support import GatewayThread, Stack, WorkerThread, wait_until
 from tests.upstack import up_processes
@@ -36,22 +41,8 @@ SAMPLES = json.loads(
     (Path(__file__).resolve().parents[2] / "models/digits/samples.json").read_text()
 )["inputs"]
 
-BATCH_IO = """
-[[inputs]]
-name = "text"
-datatype = "BYTES"
-shape = [-1]
-
-[[outputs]]
-name = "upper"
-datatype = "BYTES"
-shape = [-1]
-
-[[outputs]]
-name = "rows_in_call"
-datatype = "INT64"
-shape = [-1]
-"""
+BATCH_IO = TEXT_IO.replace('name = "length"', 'name = "rows_in_call"')
+"""``text`` in; ``upper`` and, for each row, the number of rows in its model call, out."""
 
 BATCHES = """
 import time
