@@ -77,7 +77,7 @@ class Dispatcher:
                 taken = await self._drop_cancelled(slot.take_batch())
                 batch = await self._claim_jobs(taken)
                 if batch:
-                    await self._run_batch(batch)
+                    await self._run_batch(batch, max(q.deadline for q in taken))
             finally:
                 slot.batch_ended()
                 reader.wake()
@@ -174,7 +174,8 @@ class Dispatcher:
             self._ctx.put([nothing(*q.item.entry) for q in jobs if id(q) in skipped])
         return [q.item for q in batch if id(q) not in skipped]
 
-    async def _run_batch(self, batch: list[Delivery]) -> None:
+    async def _run_batch(self, batch: list[Delivery], deadline: float) -> None:
+        """Run a batch whose last caller stops waiting at ``deadline`` (monotonic)."""
         slot, ctx = self.slot, self._ctx
         ctx.ledger.running(d.entry for d in batch)
         requests = [d.request for d in batch]
@@ -184,11 +185,11 @@ class Dispatcher:
         inline = slot.runs_inline(version, rows)
         if inline:
             ctx.stats.inline_batches += 1
-            outcome = slot.model.run(requests, ctx.worker_id, waited)
+            outcome = slot.model.run(requests, ctx.worker_id, waited, deadline)
         else:
             loop = asyncio.get_running_loop()
             outcome = await loop.run_in_executor(
-                slot.executor, slot.model.run, requests, ctx.worker_id, waited
+                slot.executor, slot.model.run, requests, ctx.worker_id, waited, deadline
             )
         slot.call_took(version, rows, outcome.infer_s, inline=inline)
         self._observe(batch, outcome, started, rows)

@@ -2,11 +2,13 @@
 
 Rows of all requests are concatenated along the batch axis, the model runs once, and each output
 is split back per request. A single request with more rows than ``max_batch`` runs as several
-calls of at most ``max_batch`` rows, its outputs concatenated. A model that returns a different
-number of rows than it was given fails the whole batch with a clear error instead of handing
-rows to the wrong callers. A row the backend rejects as invalid input (``InvalidInput``, e.g.
-text that is not UTF-8) fails only its own request, as a client error, and the rest of the batch
-runs again without it.
+calls of at most ``max_batch`` rows, its outputs concatenated. Outputs are checked against the
+config (``check_outputs``): a model that returns a different number of rows than it was given,
+or an output of another shape or dtype, fails the whole batch with a clear error instead of
+handing rows to the wrong callers. A row the backend rejects as invalid input (``InvalidInput``,
+e.g. text that is not UTF-8) fails only its own request, as a client error, and the rest of the
+batch runs again without it. A call that overran the batch's deadline (``Overran``) fails the
+batch without bisection.
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from consumer.backends import Backend, InvalidInput, create_backend
+from consumer.backends import Backend, BadOutput, InvalidInput, Overran, create_backend
+from consumer.backends.base import check_outputs
 from consumer.repository import ModelConfig
 from consumer.warmup import warm_up
 from protocol.messages import InferRequest, InferResult, Status, Timings
-from protocol.registry import ModelMetadata
+from protocol.registry import ModelMetadata, TensorSpec
 from protocol.tensor import Tensor
 
 Waited = tuple[float, float]
@@ -145,6 +148,12 @@ class ServedModel:
     def backend_for(self, version: str) -> Backend | None:
         return self.backends.get(version) or self.standby.get(version) or self.retiring.get(version)
 
+    def may_run_inline(self, version: str) -> bool:
+        """Whether a batch of ``version`` may run on the event loop when quick enough (one of
+        a version not loaded here may: it fails at once)."""
+        backend = self.backend_for(version)
+        return backend is None or backend.may_run_inline
+
     def unload(self) -> None:
         for backend in (*self.backends.values(), *self.standby.values(), *self.retiring.values()):
             backend.unload()
@@ -155,8 +164,10 @@ class ServedModel:
         requests: Sequence[InferRequest],
         worker: str,
         waited: Sequence[Waited] | None = None,
+        deadline: float | None = None,
     ) -> BatchOutcome:
         """Run one batch (all of one version) as a single model call. Called off the event loop.
+        ``deadline`` (monotonic): when the last of the batch's callers stops waiting.
 
         Each result is built once, complete: its timings are the request's ``waited`` (zeros
         when not given), the model call and the batch's size. When the call fails for a batch
@@ -165,7 +176,7 @@ class ServedModel:
         about 2·log2(n) extra calls in that rare case.
         """
         waits = list(waited) if waited is not None else [(0.0, 0.0)] * len(requests)
-        return self._bisect(requests, waits, _Stamp(self.name, worker, len(requests)))
+        return self._bisect(requests, waits, _Stamp(self.name, worker, len(requests), deadline))
 
     def _bisect(
         self, requests: Sequence[InferRequest], waits: Sequence[Waited], stamp: _Stamp
@@ -195,26 +206,20 @@ class ServedModel:
             return _fail_all(requests, waits, stamp, f"inputs do not batch together: {e}", 0.0)
         started = time.perf_counter()
         try:
-            outputs = _predict(backend, inputs, total, self.max_batch)
+            outputs = _predict(backend, inputs, total, self.max_batch, self.config.outputs, stamp)
         except InvalidInput as e:
             elapsed = time.perf_counter() - started
             return self._reject_row(requests, waits, stamp, counts, e, elapsed)
+        except Overran as e:  # not bisected: no half of the batch could finish in time either
+            elapsed = time.perf_counter() - started
+            message = f"model '{self.name}' version {version}: {e}"
+            return _fail_all(requests, waits, stamp, message, elapsed)
         except Exception as e:  # a model can raise anything; the batch must still be answered
             elapsed = time.perf_counter() - started
-            failed = _fail_all(requests, waits, stamp, f"model '{self.name}' failed: {e}", elapsed)
+            why = f"version {version} {e}" if isinstance(e, BadOutput) else f"failed: {e}"
+            failed = _fail_all(requests, waits, stamp, f"model '{self.name}' {why}", elapsed)
             return BatchOutcome(failed.results, elapsed, model_failed=True)
         elapsed = time.perf_counter() - started
-        for name, arr in outputs.items():
-            if arr.ndim == 0 or arr.shape[0] != total:
-                got = "a scalar" if arr.ndim == 0 else f"{arr.shape[0]} rows"
-                failed = _fail_all(
-                    requests,
-                    waits,
-                    stamp,
-                    f"model '{self.name}' returned {got} for output '{name}' given {total} rows",
-                    elapsed,
-                )
-                return BatchOutcome(failed.results, elapsed, model_failed=True)
         results = []
         offset = 0
         for request, waited, n in zip(requests, waits, counts, strict=True):
@@ -259,11 +264,13 @@ class ServedModel:
 
 @dataclass(frozen=True, slots=True)
 class _Stamp:
-    """What every result of one batch carries: its model, the worker, the batch's size."""
+    """What every result of one batch carries: its model, the worker, the batch's size; and
+    what every model call for it shares: when its last caller stops waiting (monotonic)."""
 
     model: str
     worker: str
     batch_size: int
+    deadline: float | None = None
 
     def result(
         self,
@@ -304,24 +311,30 @@ def _fail_all(
 
 
 def _predict(
-    backend: Backend, inputs: dict[str, npt.NDArray[Any]], rows: int, limit: int
+    backend: Backend,
+    inputs: dict[str, npt.NDArray[Any]],
+    rows: int,
+    limit: int,
+    specs: Sequence[TensorSpec],
+    stamp: _Stamp,
 ) -> dict[str, npt.NDArray[Any]]:
-    """One model call; or, for more than ``limit`` (``max_batch``) rows, which only a single
-    request larger than ``max_batch`` brings, one call per ``limit`` rows with the outputs
-    concatenated: the model never sees more rows than its ``max_batch`` allows, and the worker's
-    peak memory stays that of one such call (a 250,000-row request ran as one call before)."""
+    """One model call, its outputs checked against ``specs``; or, for more than ``limit``
+    (``max_batch``) rows, which only a single request larger than ``max_batch`` brings, one call
+    per ``limit`` rows with the outputs concatenated: the model never sees more rows than its
+    ``max_batch`` allows, and the worker's peak memory stays that of one such call (a
+    250,000-row request ran as one call before)."""
     if rows <= limit:
-        return backend.predict(inputs)
+        out = backend.predict(inputs, stamp.deadline)
+        check_outputs(specs, out, rows)
+        return out
     parts: list[dict[str, npt.NDArray[Any]]] = []
     for start in range(0, rows, limit):
         chunk = {name: arr[start : start + limit] for name, arr in inputs.items()}
         try:
-            out = backend.predict(chunk)
+            out = backend.predict(chunk, stamp.deadline)
         except InvalidInput as e:
             raise InvalidInput(str(e), e.row + start) from e
-        size = min(limit, rows - start)
-        if any(arr.ndim == 0 or arr.shape[0] != size for arr in out.values()):
-            return out  # the caller reports the wrong row count
+        check_outputs(specs, out, min(limit, rows - start))
         parts.append(out)
     return {name: np.concatenate([p[name] for p in parts]) for name in parts[0]}
 

@@ -88,6 +88,7 @@ class Preprocessed:
 
     def __init__(self, config: ModelConfig, version: str, backend: Backend) -> None:
         assert config.preprocess is not None
+        self.may_run_inline = backend.may_run_inline
         self.config = config
         self.version = version
         self.backend = backend
@@ -101,17 +102,19 @@ class Preprocessed:
             raise BackendError(f"model '{self.config.name}' version {self.version}: {e}") from e
         self.backend.load()
 
-    def predict(self, inputs: Arrays) -> Arrays:
+    def predict(self, inputs: Arrays, deadline: float | None = None) -> Arrays:
         encodings = self.tokenizer.encode(inputs[self.stage.input])
         rows = len(encodings)
         size = self.stage.bucket_rows
         if not size or rows <= size:
-            return self.backend.predict(self.tokenizer.pad(encodings))
+            return self.backend.predict(self.tokenizer.pad(encodings), deadline)
         order = np.argsort([len(e.ids) for e in encodings], kind="stable")
         merged: Arrays = {}
         for start in range(0, rows, size):
             picked = order[start : start + size]
-            part = self.backend.predict(self.tokenizer.pad([encodings[i] for i in picked]))
+            part = self.backend.predict(
+                self.tokenizer.pad([encodings[i] for i in picked]), deadline
+            )
             for name, values in part.items():
                 if name not in merged:
                     merged[name] = np.empty((rows, *values.shape[1:]), dtype=values.dtype)

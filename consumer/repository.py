@@ -26,9 +26,11 @@ BACKENDS: dict[str, tuple[str, ...]] = {
     "onnx": ("model.onnx",),
     "pytorch": ("model.pt2", "model.ts"),
     "simulated": (),
+    "python": ("model.py",),
 }
 """Backend name -> the files a version folder may hold, in order of preference; it must hold
-one of them (none needed when empty). PyTorch: a ``torch.export`` archive or TorchScript."""
+one of them (none needed when empty). PyTorch: a ``torch.export`` archive or TorchScript.
+Python: the version's own code (``consumer.backends.python``)."""
 PLATFORMS = {"onnx": "onnxruntime_onnx", "pytorch": "pytorch_libtorch"}
 """The platform reported in model metadata when the config names none (Triton's names)."""
 TOKENIZE = "tokenize"
@@ -78,6 +80,16 @@ class TokenizeStage:
 
 
 @dataclass(frozen=True)
+class PythonCode:
+    """``[python]``: which class of a version's ``model.py`` serves, and its own settings."""
+
+    class_name: str | None = None
+    """``class``: the class to serve; None: the one class ``model.py`` defines."""
+    parameters: dict[str, Any] = field(default_factory=dict)
+    """``[python.parameters]``: free-form settings handed to the model's ``load``."""
+
+
+@dataclass(frozen=True)
 class Warmup:
     """``[warmup]``: model calls made after a version loads, before it serves."""
 
@@ -110,6 +122,7 @@ class ModelConfig:
     simulated: SimulatedLatency = field(default_factory=SimulatedLatency)
     preprocess: TokenizeStage | None = None
     """A pre-processing stage run on the worker between the request and the backend."""
+    python: PythonCode = field(default_factory=PythonCode)
     warmup: Warmup = field(default_factory=Warmup)
     device: str | None = None
     """Where this model runs ("cpu" or "cuda"); None: wherever the worker's --device says. A
@@ -206,7 +219,7 @@ def _specs(f: _Fields, key: str) -> tuple[TensorSpec, ...]:
     return tuple(specs)
 
 
-def _inside(root: Path, path: Path) -> bool:
+def is_inside(root: Path, path: Path) -> bool:
     try:
         path.resolve().relative_to(root.resolve())
     except ValueError:
@@ -265,7 +278,7 @@ def _versions(
             "that are not in git are built by `inferq models build-examples`)"
         )
     for v in versions:
-        if not _inside(repo, model_dir / v):
+        if not is_inside(repo, model_dir / v):
             raise RepositoryError(f"{model_dir / v}: version folder points outside the repository")
     return tuple(versions), weights
 
@@ -276,12 +289,12 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
     if not is_valid_name(name):
         raise RepositoryError(f"invalid model name {name!r}: use letters, digits, '_', '-', '.'")
     model_dir = repo / name
-    if not _inside(repo, model_dir):
+    if not is_inside(repo, model_dir):
         raise RepositoryError(f"{model_dir}: model folder points outside the repository")
     path = model_dir / CONFIG_FILE
     if not path.is_file():
         raise RepositoryError(f"model '{name}' not found: no {path}")
-    if not _inside(repo, path):
+    if not is_inside(repo, path):
         raise RepositoryError(f"{path}: config file points outside the repository")
     try:
         with path.open("rb") as fh:
@@ -327,6 +340,7 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
             ),
         ),
         preprocess=_preprocess(f),
+        python=_python(f, backend),
         warmup=_warmup(f, backend),
         device=f.get("device", str, None),
         partitions=f.positive("partitions", int, 1),
@@ -343,7 +357,7 @@ def load_config(repo: Path, name: str, policy: VersionPolicy | None = None) -> M
             if not file.is_file():
                 wanted = " or ".join(BACKENDS[backend])
                 raise RepositoryError(f"model '{name}' version {v}: missing {file.parent / wanted}")
-            if not _inside(repo, file):
+            if not is_inside(repo, file):
                 raise RepositoryError(f"{file}: model file points outside the repository")
         if config.preprocess is not None:
             _check_tokenizer(f, repo, config, v)
@@ -386,6 +400,18 @@ def _preprocess(f: _Fields) -> TokenizeStage | None:
     )
 
 
+def _python(f: _Fields, backend: str) -> PythonCode:
+    if "python" not in f.table:
+        return PythonCode()
+    if backend != "python":
+        raise f.fail("python", f'is for backend = "python" only, not {backend!r}')
+    p = f.sub("python")
+    class_name = p.get("class", str, None)
+    if class_name is not None and not class_name.isidentifier():
+        raise p.fail("class", f"must be a class name, got {class_name!r}")
+    return PythonCode(class_name=class_name, parameters=dict(p.get("parameters", dict, {})))
+
+
 def _warmup(f: _Fields, backend: str) -> Warmup:
     w = f.sub("warmup")
     # A simulated model only sleeps: warming it proves nothing, and one with a failure rate
@@ -405,7 +431,7 @@ def _check_tokenizer(f: _Fields, repo: Path, config: ModelConfig, version: str) 
     path = config.version_path(version) / config.preprocess.tokenizer
     if not path.is_file():
         raise f.fail("preprocess.tokenizer", f"names {path}, which does not exist")
-    if not _inside(repo, path):
+    if not is_inside(repo, path):
         raise f.fail("preprocess.tokenizer", f"names {path}, which points outside the repository")
 
 

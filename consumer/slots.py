@@ -196,8 +196,9 @@ class ModelSlot:
         return self.model.max_batch
 
     def runs_inline(self, version: str, rows: int) -> bool:
-        """Whether a batch of ``rows`` of ``version`` is quick enough for the event loop."""
-        return self._inline.suits(version, rows)
+        """Whether a batch of ``rows`` of ``version`` is quick enough for the event loop (and
+        its backend allows it: a Python model never runs there)."""
+        return self.model.may_run_inline(version) and self._inline.suits(version, rows)
 
     def call_took(self, version: str, rows: int, seconds: float, *, inline: bool) -> None:
         """A model call of ``rows`` rows took ``seconds``: what inlining and the policy's

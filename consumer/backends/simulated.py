@@ -31,6 +31,8 @@ from protocol.tensor import DTYPES
 
 
 class SimulatedBackend:
+    may_run_inline = True
+
     def __init__(self, config: ModelConfig, version: str) -> None:
         self.config = config
         self.version = version
@@ -50,7 +52,7 @@ class SimulatedBackend:
         jitter = self._random.uniform(-sim.jitter_ms, sim.jitter_ms) if sim.jitter_ms else 0.0
         return max(0.0, sim.base_ms + sim.per_row_ms * rows + jitter) / 1000
 
-    def predict(self, inputs: Arrays) -> Arrays:
+    def predict(self, inputs: Arrays, deadline: float | None = None) -> Arrays:
         first = inputs[self.config.inputs[0].name]
         rows = int(first.shape[0])
         crash = self.config.simulated.crash_value

