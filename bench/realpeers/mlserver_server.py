@@ -11,6 +11,8 @@ every request.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -46,11 +48,14 @@ class OnnxModel(MLModel):  # type: ignore[misc]
 async def serve() -> None:
     """What ``mlserver start`` does with a settings.json and one model-settings.json per model."""
     opts = options("MLServer serving ONNX models with adaptive batching")
+    metrics_dir = tempfile.mkdtemp(prefix="mlserver-metrics-")
     settings = Settings(
         host="127.0.0.1",
         http_port=opts.port,
         grpc_port=free_port(),
         metrics_port=free_port(),
+        # Its default is ./.metrics, which would land in the checkout.
+        metrics_dir=metrics_dir,
         debug=False,
     )
     models = [
@@ -63,7 +68,10 @@ async def serve() -> None:
         )
         for name, path in opts.models.items()
     ]
-    await MLServer(settings).start(models)
+    try:
+        await MLServer(settings).start(models)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 def main() -> None:

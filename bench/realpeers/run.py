@@ -308,6 +308,16 @@ def measure(
     }
 
 
+def idle_cores(running: Running, seconds: float) -> dict[str, float]:
+    """The cores the peer's processes use while it serves nothing (per process, and total):
+    what it would take from the others if it stayed up beside them."""
+    meter = CpuTree(running.proc.pid)
+    meter.start()
+    time.sleep(seconds)
+    used = {k: round(v / seconds, 3) for k, v in meter.stop().items() if v}
+    return {"total": round(sum(used.values()), 3), **used}
+
+
 def run_peer(
     peer: RealPeer,
     files: dict[str, Path],
@@ -330,6 +340,8 @@ def run_peer(
                 "version": env["version"],
                 "startup_s": round(time.monotonic() - t0, 1),
             }
+            if args.idle_s > 0:
+                status["idle_cpu_cores"] = idle_cores(running, args.idle_s)
             for model in files:
                 for c in args.levels[model]:
                     idle = wait_for_quiet(0.8, args.quiet_s) if args.quiet_s else 1.0
@@ -388,6 +400,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--python", default=sys.executable, help="base of venvs still to build")
     parser.add_argument("--label", default="", help="result file names (default: revision)")
     parser.add_argument("--ceiling-s", type=float, default=2.0, help="in-process ceiling (0: no)")
+    parser.add_argument(
+        "--idle-s", type=float, default=3.0, help="after start, measure the idle CPU (0: no)"
+    )
     parser.add_argument(
         "--quiet-s",
         type=float,
