@@ -5,7 +5,8 @@ an inference callable in this process that calls ONNX Runtime.
 There is no native ONNX Runtime backend in any wheel reachable here, so the model runs in a
 PyTriton ``@batch`` callable: one instance per model (one model thread, like inferq's one
 worker), ``max_batch_size`` 32 and ``max_queue_delay_microseconds`` = the window, as Triton's
-model-configuration guide advises (dynamic batching on, a small queue delay).
+model-configuration guide advises (dynamic batching on, a small queue delay). Its metrics
+endpoint is off (the run that bench/summaries/realpeers-phase1.json records had it off).
 
 The Python backend stub is linked against libpython: it needs the running interpreter's
 ``libpython3.X.so`` first on ``LD_LIBRARY_PATH``, which a pyenv or venv Python does not put
@@ -15,7 +16,11 @@ there.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import sys
 import sysconfig
+import tempfile
 from typing import Any
 
 import numpy as np
@@ -55,8 +60,7 @@ def main() -> None:
     os.environ["LD_LIBRARY_PATH"] = ":".join(
         p for p in (libdir, os.environ.get("LD_LIBRARY_PATH", "")) if p
     )
-    from pytriton.model_config import DynamicBatcher, ModelConfig
-    from pytriton.triton import Triton, TritonConfig
+    from pytriton.triton import TritonConfig
 
     config = TritonConfig(
         http_address="127.0.0.1",
@@ -65,7 +69,22 @@ def main() -> None:
         grpc_port=free_port(),
         allow_metrics=False,
     )
-    with Triton(config=config) as triton:
+    # Its own workspace, removed after: PyTriton leaves ~/.cache/pytriton/workspace_* behind
+    # when stopped by a signal.
+    scratch = tempfile.mkdtemp(prefix="pytriton-")
+    # SIGTERM as an exit, so that Triton's context stops the server and the scratch goes.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        serve(opts, config, os.path.join(scratch, "workspace"))  # PyTriton creates it
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def serve(opts: Any, config: Any, workspace: str) -> None:
+    from pytriton.model_config import DynamicBatcher, ModelConfig
+    from pytriton.triton import Triton
+
+    with Triton(config=config, workspace=workspace) as triton:
         for name, path in opts.models.items():
             sess = session(path)
             triton.bind(
