@@ -264,14 +264,14 @@ class Worker:
         self.metrics.track_held(lambda: self.holding)
         if not s.metrics_port:
             return
-        self._metrics_server = MetricsServer(self.metrics.registry, s.metrics_port)
+        self._metrics_server = MetricsServer(self.metrics.registry, s.metrics_port, s.metrics_host)
         try:
             self._metrics_server.start()
         except OSError as e:
             self._metrics_server = None
             raise MetricsPortError(
-                f"cannot serve metrics on port {s.metrics_port}: {e}; pick another with "
-                "--metrics-port, or 0 to turn them off"
+                f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {e}; pick another "
+                "with --metrics-port, or 0 to turn them off"
             ) from e
 
     def _build_parts(self, redis: aioredis.Redis) -> None:

@@ -17,9 +17,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import structlog
+
 import inferq
 from consumer.settings import WorkerSettings
-from inferq.gateways import FleetSettings
+from inferq.gateways import FleetSettings, ListenError
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
 from runtime.loops import EXIT_LOOP_FAILED
@@ -105,6 +107,11 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     if not _start_tracing("gateway", environ):
         return EXIT_USAGE
     settings: GatewaySettings = from_args(GatewaySettings, args)
+    try:
+        listener = _gateway_listener(args, settings)
+    except ListenError as e:  # before anything starts: one line, and no restart can fix it
+        print(f"inferq gateway: {e}", file=sys.stderr)
+        return EXIT_USAGE
     app = create_app(settings)
     server = uvicorn.Server(server_config(app, settings))
     gateway = app.state.gateway
@@ -113,12 +120,7 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         server.should_exit = True
 
     gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
-    if args.listen_fd is None:
-        server.run()
-    else:
-        # A socket inherited from `inferq up` or `inferq gateway --gateways N`; its family and
-        # type are read from the descriptor (IPv4 or IPv6, as it was bound).
-        server.run(sockets=[socket.socket(fileno=args.listen_fd)])
+    server.run(sockets=[listener])
     if gateway.failure is not None:
         print(
             f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
@@ -126,6 +128,22 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         )
         return EXIT_LOOP_FAILED
     return EXIT_OK if server.started else EXIT_FAILED
+
+
+def _gateway_listener(args: argparse.Namespace, settings: GatewaySettings) -> socket.socket:
+    """The HTTP socket: inherited from `inferq up` or `inferq gateway --gateways N` (its family
+    and type are read from the descriptor), else bound here; and the gRPC port checked. Raises
+    ``ListenError``."""
+    from inferq.gateways import bind_listeners, check_grpc_port
+
+    if settings.grpc_port:
+        check_grpc_port(settings.host, settings.grpc_port)
+    if args.listen_fd is not None:
+        return socket.socket(fileno=args.listen_fd)
+    (listener,) = bind_listeners(settings.host, settings.port, 1)
+    host, port = listener.getsockname()[:2]
+    structlog.get_logger("inferq.gateway").info("HTTP listening", address=f"{host}:{port}")
+    return listener
 
 
 def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:

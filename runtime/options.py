@@ -51,6 +51,9 @@ class Option:
     """A command-line default that differs from the dataclass default (rare; say why)."""
     forward: bool = True
     """Whether ``inferq up`` passes the value on to its children's command lines."""
+    follows: str = ""
+    """Another option's ``dest`` whose value ``inferq up`` forwards when this one is unset
+    (``--metrics-host`` follows ``--host``); needs ``cli_default=None`` to tell unset apart."""
     secret: bool = False
     """Forwarded in the environment, never in argv (the process list shows argv)."""
     build: Callable[[Any], Any] | None = None
@@ -155,6 +158,8 @@ def forward_argv(
                 continue
             seen.add(opt.dest)
             value = override[f.name] if f.name in override else getattr(args, opt.dest, None)
+            if value is None and opt.follows:
+                value = getattr(args, opt.follows, None)
             if value is None or value == "" or value == ():
                 continue
             if opt.secret:

@@ -11,6 +11,8 @@ from runtime.connections import RedisSettings
 from runtime.options import add_flags, option
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_HOST = "127.0.0.1"
+"""Where listeners bind unless told: this machine only (``--host``, ``--metrics-host``)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 

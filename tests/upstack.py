@@ -110,6 +110,8 @@ def up_processes(
                 str(port),
                 "--model-repository",
                 str(repo),
+                "--grpc-port",
+                "0",
                 "--metrics-port",
                 "0",
                 "--log-level",
