@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench-core bench-peers bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
+.PHONY: run test test-deploy wheels image lint bench-core bench-peers bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
@@ -18,6 +18,10 @@ $(VENV)/.run: pyproject.toml | $(BIN)/python
 $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.run
+
+$(VENV)/.deploy: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev,deploy]'
+	touch $@ $(VENV)/.dev $(VENV)/.run
 
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,bench]'
@@ -33,6 +37,21 @@ test: $(VENV)/.dev
 	./scripts/ensure-promtool
 	$(BIN)/ruff check .
 	$(BIN)/pytest $(ARGS)
+
+## wheels: build/wheels, inferq and its dependencies for the image (ops/Dockerfile installs them offline)
+wheels:
+	scripts/wheelhouse
+
+## image: podman (installed if missing), a Debian base image and the stand-ins made without a
+## registry, then the inferq image (scripts/images)
+image: $(VENV)/.deploy
+	scripts/ensure-podman
+	scripts/images
+
+## test-deploy: the Compose stack for real under podman: up, the README's requests, Prometheus,
+## a killed worker, draining, down (tests/ops/test_compose.py)
+test-deploy: image
+	INFERQ_DEPLOY_TEST=1 $(BIN)/pytest tests/ops/test_compose.py -rP $(ARGS)
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .
