@@ -76,7 +76,29 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     dlq.add_parser(sub, environ)
     loadgen_cli.add_parser(sub, environ)
     models_cli.add_parser(sub, environ)
+    _usage_of_each_command(parser)
     return parser
+
+
+def _usage_of_each_command(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command remembers its own parser: argparse reports an argument no parser took
+    with the top-level usage, which says nothing about ``inferq dlq list``'s flags."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.set_defaults(usage_parser=command)  # the innermost command's wins
+                _usage_of_each_command(command)
+
+
+def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
+    """The command line, with an argument no command takes reported by the command it was
+    given to (``inferq dlq list digits``: dlq list's usage and error, exit 2)."""
+    parser = build_parser(environ)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command: argparse.ArgumentParser = getattr(args, "usage_parser", parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _start_tracing(command: str, environ: Mapping[str, str]) -> bool:
@@ -194,7 +216,7 @@ def _run(coro: Any) -> None:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)
+    args = parse(argv, environ)
     if args.command == "gateway":
         return run_gateway(args, environ)
     if args.command == "worker":

@@ -252,3 +252,21 @@ def test_a_gateway_port_in_use_is_one_line_and_exit_2(tmp_path, taken_flag, list
     assert result.stderr == (
         f"inferq gateway: cannot listen{listener} on 127.0.0.1:{port}: Address already in use\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "unknown"),
+    [
+        (["dlq", "list", "digits"], "inferq dlq list", "digits"),
+        (["worker", "--no-such-flag"], "inferq worker", "--no-such-flag"),
+        (["lag", "digits"], "inferq lag", "digits"),
+        (["up", "--no-such-flag"], "inferq up", "--no-such-flag"),
+    ],
+)
+def test_an_argument_no_command_takes_gets_that_commands_usage(argv, command, unknown, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv, environ={})
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {command} [-h]"), err
+    assert err.endswith(f"{command}: error: unrecognized arguments: {unknown}\n"), err
