@@ -29,6 +29,7 @@ $(VENV)/.bench: pyproject.toml | $(BIN)/python
 
 ## run: start Redis (if none answers), the gateway and a worker serving the example model
 run: $(VENV)/.run
+	@echo "make run: the inferq command is in $(VENV): '. $(VENV)/bin/activate' puts it on the PATH"
 	$(BIN)/inferq up $(ARGS)
 
 ## test: lint, then the whole test suite (it starts its own redis-server)
@@ -44,13 +45,13 @@ wheels:
 
 ## image: podman (installed if missing), a Debian base image and the stand-ins made without a
 ## registry, then the inferq image (scripts/images)
-image: $(VENV)/.deploy
+image:
 	scripts/ensure-podman
 	scripts/images
 
 ## test-deploy: the Compose stack for real under podman: up, the README's requests, Prometheus,
 ## a killed worker, draining, down (tests/ops/test_compose.py)
-test-deploy: image
+test-deploy: image $(VENV)/.deploy
 	INFERQ_DEPLOY_TEST=1 $(BIN)/pytest tests/ops/test_compose.py -rP $(ARGS)
 
 lint: $(VENV)/.dev

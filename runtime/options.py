@@ -103,9 +103,13 @@ def add_flags(
     *settings_classes: type,
     only: Collection[str] | None = None,
     flag: str | None = None,
+    if_given: bool = False,
 ) -> None:
     """Add the options of the classes (each once; ``only`` these fields) to ``parser``.
-    ``flag`` renames the one option that ``only`` selects (same variable)."""
+    ``flag`` renames the one option that ``only`` selects (same variable). ``if_given``: the
+    flags of a subcommand that repeat its parent's (``inferq dlq list --redis``), which set
+    the value only when given, so the parent's (given, from the environment or the default)
+    stands otherwise."""
     seen = {a.dest for a in parser._actions}
     for cls in settings_classes:
         for f, opt in options(cls):
@@ -114,8 +118,8 @@ def add_flags(
                 continue
             seen.add(dest)
             default = _default(f, opt)
-            raw = environ.get(opt.env)
-            value = default
+            raw = None if if_given else environ.get(opt.env)
+            value = argparse.SUPPRESS if if_given else default
             if raw is not None:
                 try:
                     value = opt.parse(raw)
