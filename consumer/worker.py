@@ -130,6 +130,8 @@ class Worker:
     async def start(self) -> None:
         configs = self._read_configs()
         redis = await self._connect()
+        if not await self._until_redis_answers(redis):
+            return  # asked to stop while waiting: nothing was started
         await self.clock.sync(redis)
         await self.eviction.refresh(redis)
         self.control = self._model_control(redis)
@@ -184,6 +186,22 @@ class Worker:
             block_s=s.block_ms / 1000,
         )
         return self._redis
+
+    async def _until_redis_answers(self, redis: aioredis.Redis) -> bool:
+        """Wait for Redis, retrying with backoff (and a log line), as the gateway does: under
+        Compose or Kubernetes a worker often starts before Redis answers, or while it still
+        refuses (protected mode, loading). Until then the worker has not advertised itself, so
+        no gateway counts it. False when asked to stop meanwhile."""
+        backoff = self.loops.backoff("start")
+        while not self._stopping.is_set():
+            try:
+                await redis.ping()
+            except RETRYABLE as e:
+                await backoff.failed(e)
+            else:
+                backoff.succeeded()
+                return True
+        return False
 
     def _read_groups(self) -> list[ReadGroup]:
         """The reader's groups (see ``ReadGroup``): everything in one on one Redis; one per
