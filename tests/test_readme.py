@@ -113,23 +113,14 @@ def test_the_readme_names_the_gateways_routes_outside_the_v2_protocol():
             assert f"`GET {route.path}`" in section, route.path
 
 
-def worker_requests(text: str) -> float:
+def counter(text: str, name: str) -> float:
+    """A counter's total over every label set in a scrape (``name`` without ``_total``)."""
     return sum(
         s.value
         for family in text_string_to_metric_families(text)
-        if family.name == "inferq_worker_requests"
+        if family.name == name
         for s in family.samples
-        if s.name == "inferq_worker_requests_total"
-    )
-
-
-def cache_hits(text: str) -> float:
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "inferq_gateway_cache_hits"
-        for s in family.samples
-        if s.name == "inferq_gateway_cache_hits_total"
+        if s.name == f"{name}_total"
     )
 
 
@@ -152,5 +143,5 @@ def test_the_loadgen_snippet_runs_every_request_on_a_worker(stack):
     gateway = httpx.get(f"{s.url}/metrics", timeout=10).text
     worker = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
     # digits' config turns its result cache on: the snippet must not measure it.
-    assert cache_hits(gateway) == 0
-    assert worker_requests(worker) == sent
+    assert counter(gateway, "inferq_gateway_cache_hits") == 0
+    assert counter(worker, "inferq_worker_requests") == sent

@@ -79,17 +79,21 @@ def test_job_responses_and_poll_paths(locustfile: Any) -> None:
 @pytest.mark.skipif(
     importlib.util.find_spec("locust") is None, reason="locust (inferq[locust]) is not installed"
 )
+def locust(*args: str) -> list[str]:
+    """A ``locust`` command line on loadgen/locustfile.py."""
+    return [sys.executable, "-m", "locust", "-f", str(ROOT / "loadgen" / "locustfile.py"), *args]
+
+
+def locust_env(home: Path) -> dict[str, str]:
+    return {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(home)}
+
+
 def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
     tiny_server: Any, response_bytes: Any, tmp_path: Path
 ) -> None:
     with ServerThread(tiny_server, v2_handler(response_bytes)) as srv:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "locust",
-                "-f",
-                str(ROOT / "loadgen" / "locustfile.py"),
+            locust(
                 "--host",
                 srv.url,
                 "--model",
@@ -107,9 +111,9 @@ def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
                 "--csv",
                 str(tmp_path / "run"),
                 "--only-summary",
-            ],
+            ),
             cwd=ROOT,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            env=locust_env(tmp_path),
             capture_output=True,
             text=True,
             timeout=50,
@@ -144,19 +148,9 @@ def test_the_web_ui_listens_on_this_machine_only_by_default(tmp_path: Path) -> N
 
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "locust",
-            "-f",
-            str(ROOT / "loadgen" / "locustfile.py"),
-            "--host",
-            "http://127.0.0.1:9",
-            "--web-port",
-            str(port),
-        ],
+        locust("--host", "http://127.0.0.1:9", "--web-port", str(port)),
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+        env=locust_env(tmp_path),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
