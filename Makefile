@@ -36,6 +36,7 @@ run: $(VENV)/.run
 test: $(VENV)/.dev
 	./scripts/ensure-redis
 	./scripts/ensure-promtool
+	./scripts/ensure-chromium
 	$(BIN)/ruff check .
 	$(BIN)/pytest $(ARGS)
 

@@ -20,7 +20,6 @@ from producer.errors import NotFound
 ASSETS = {
     "swagger-ui.css": "text/css",
     "swagger-ui-bundle.js": "text/javascript",
-    "swagger-ui-standalone-preset.js": "text/javascript",
     "favicon-32x32.png": "image/png",
 }
 """The files of the Swagger UI bundle the page loads, with their media types."""
@@ -36,13 +35,12 @@ PAGE = """<!DOCTYPE html>
 <body>
   <div id="swagger-ui"></div>
   <script src="docs/swagger-ui-bundle.js"></script>
-  <script src="docs/swagger-ui-standalone-preset.js"></script>
   <script>
     window.ui = SwaggerUIBundle({
       url: "openapi.json",
       dom_id: "#swagger-ui",
-      presets: [SwaggerUIBundle.presets.apis, SwaggerUIStandalonePreset],
-      layout: "StandaloneLayout",
+      presets: [SwaggerUIBundle.presets.apis],
+      layout: "BaseLayout",
     });
   </script>
 </body>

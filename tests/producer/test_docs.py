@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from collections.abc import Iterator
 from urllib.parse import urljoin
 
+import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -16,6 +19,7 @@ from producer import docs
 from producer.app import gateway_error, http_error, routes
 from producer.errors import GatewayError
 from producer.openapi import document
+from tests.support import missing
 
 
 @pytest.fixture
@@ -68,3 +72,54 @@ def test_only_the_listed_assets_are_served(client, path):
     r = client.get(path)
     assert r.status_code == 404
     assert r.json()["error"]
+
+
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.mark.integration
+def test_a_real_browser_renders_every_operation_from_the_gateways_own_files(stack, tmp_path):
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        missing("chromium (Debian: apt-get install chromium)")
+    s = stack(workers=0)  # /docs needs no worker
+    done = subprocess.run(
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'profile'}",
+            "--virtual-time-budget=15000",  # until the page's scripts have run
+            "--dump-dom",
+            f"{s.url}/docs",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    rendered = {
+        (method.upper(), path)
+        for method, path in re.findall(
+            r'opblock opblock-(\w+).*?opblock-summary-path" data-path="([^"]+)"',
+            done.stdout,
+            flags=re.S,
+        )
+    }
+    spec = httpx.get(f"{s.url}/openapi.json", timeout=10).json()
+    operations = {
+        (method.upper(), path)
+        for path, item in spec["paths"].items()
+        for method in item
+        if method in ("get", "post", "delete")
+    }
+    assert rendered == operations
