@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test lint bench-core bench-peers bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
+.PHONY: run test test-deploy wheels image lint bench-core bench-peers bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
@@ -19,20 +19,41 @@ $(VENV)/.dev: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@ $(VENV)/.run
 
+$(VENV)/.deploy: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[dev,deploy]'
+	touch $@ $(VENV)/.dev $(VENV)/.run
+
 $(VENV)/.bench: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[dev,bench]'
 	touch $@ $(VENV)/.dev $(VENV)/.run
 
 ## run: start Redis (if none answers), the gateway and a worker serving the example model
 run: $(VENV)/.run
+	@echo "make run: the inferq command is in $(VENV): '. $(VENV)/bin/activate' puts it on the PATH"
 	$(BIN)/inferq up $(ARGS)
 
 ## test: lint, then the whole test suite (it starts its own redis-server)
 test: $(VENV)/.dev
 	./scripts/ensure-redis
 	./scripts/ensure-promtool
+	./scripts/ensure-chromium
 	$(BIN)/ruff check .
 	$(BIN)/pytest $(ARGS)
+
+## wheels: build/wheels, inferq and its dependencies for the image (ops/Dockerfile installs them offline)
+wheels:
+	scripts/wheelhouse
+
+## image: podman (installed if missing), a Debian base image and the stand-ins made without a
+## registry, then the inferq image (scripts/images)
+image:
+	scripts/ensure-podman
+	scripts/images
+
+## test-deploy: the Compose stack for real under podman: up, the README's requests, Prometheus,
+## a killed worker, draining, down (tests/ops/test_compose.py)
+test-deploy: image $(VENV)/.deploy
+	INFERQ_DEPLOY_TEST=1 $(BIN)/pytest tests/ops/test_compose.py -rP $(ARGS)
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check .

@@ -1,10 +1,11 @@
-"""The worker's Prometheus metrics, served on ``--metrics-port`` (``INFERQ_METRICS_PORT``).
+"""The worker's Prometheus metrics, served on ``--metrics-host``:``--metrics-port``
+(``INFERQ_METRICS_HOST``, ``INFERQ_METRICS_PORT``).
 
 One ``WorkerMetrics`` per worker process (the ``Worker`` owns it); every metric is declared here
 once, with its help text and fixed label names. Who calls what:
 
 - ``Worker.start``: ``set_info(self.id)``, ``track_held(lambda: self.holding)``; when the
-  metrics port is not 0, ``MetricsServer(metrics.registry, port).start()``. ``Worker.stop``
+  metrics port is not 0, ``MetricsServer(metrics.registry, port, host).start()``. ``Worker.stop``
   calls ``await asyncio.to_thread(server.stop)`` last.
 - ``Worker.accept`` (entries from a read or a reclaim), per request decoded:
   ``observe_dequeued(model, lane, (now_ms - request.enqueued_ms) / 1000)`` (lane:
@@ -43,9 +44,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 import runtime
 from runtime.faults import Fault
 from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, RuntimeGauges, new_registry
-
-DEFAULT_METRICS_PORT = 9100
-"""``--metrics-port`` default; 0 turns the endpoint off."""
 
 RESULT_STATUSES = ("ok", "invalid", "failed")
 """Values of the ``status`` label of ``inferq_worker_requests_total`` (``protocol.messages.Status``
@@ -252,12 +250,14 @@ class MetricsServer:
     server in a daemon thread (scrapes never wait for the event loop, and the loop never waits
     for a scrape; the metrics are thread-safe).
 
-    ``start`` binds and returns the port (``port=0`` lets the OS pick, for tests; the worker
-    treats ``--metrics-port 0`` as off and never gets here). ``stop`` blocks until the serving
-    thread has exited (up to half a second): from async code, ``await asyncio.to_thread(stop)``.
+    ``start`` binds ``host`` (no default: the worker passes ``--metrics-host``, this machine
+    only unless told otherwise) and returns the port (``port=0`` lets the OS pick, for tests;
+    the worker treats ``--metrics-port 0`` as off and never gets here). ``stop`` blocks until
+    the serving thread has exited (up to half a second): from async code,
+    ``await asyncio.to_thread(stop)``.
     """
 
-    def __init__(self, registry: CollectorRegistry, port: int, host: str = "0.0.0.0") -> None:
+    def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
         self.registry = registry
         self.host = host
         self.port = port

@@ -12,11 +12,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.argtypes import non_negative_float, positive_int
+from protocol.argtypes import non_negative_float, port_or_off, positive_int
 from protocol.options import option
-from runtime.settings import ConnectionSettings
+from runtime.settings import DEFAULT_HOST, ConnectionSettings
 
-DEFAULT_METRICS_PORT = 9100
+DEFAULT_METRICS_PORT = 8002
+"""``--metrics-port`` of a worker started from the command line. Triton's metrics port, next to
+the gateway's 8000 (HTTP) and 8001 (gRPC) that inferq already shares with Triton; and outside
+9100-9999, the range Prometheus' list of default port allocations gives to exporters (9100 is
+node_exporter's, on nearly every monitored host), since a worker often runs beside them."""
 DEVICES = ("cpu", "cuda")
 
 
@@ -88,12 +92,23 @@ class WorkerSettings(ConnectionSettings):
         0,
         flag="--metrics-port",
         env="INFERQ_METRICS_PORT",
-        parse=int,
+        parse=port_or_off,
         # Off for workers built in code (tests, embedding) so they never fight over a port; on
         # for a worker started from the command line, where an operator expects a scrape target.
         cli_default=DEFAULT_METRICS_PORT,
         help="port of the worker's Prometheus /metrics (0: off); under `inferq up` worker i "
         "(from 0) gets this port + i",
+    )
+    metrics_host: str = option(
+        DEFAULT_HOST,
+        flag="--metrics-host",
+        env="INFERQ_METRICS_HOST",
+        # Unset on the command line, `inferq up` hands its --host to the workers, and
+        # `inferq worker` keeps this field's default, the same as --host's.
+        cli_default=None,
+        follows="host",
+        help=f"address the worker's /metrics listens on (default: --host under `inferq up`, "
+        f"else {DEFAULT_HOST}; 0.0.0.0 for every interface, as in a container)",
     )
     drain_timeout_s: float = option(
         30.0,

@@ -124,6 +124,8 @@ class Worker:
     async def start(self) -> None:
         configs = self._read_configs()
         redis = await self._connect()
+        if not await self._until_redis_answers(redis):
+            return  # asked to stop while waiting: nothing was started
         await self.clock.sync(redis)
         await self.eviction.refresh(redis)
         self.context = self._build_context(redis)
@@ -179,6 +181,22 @@ class Worker:
             block_s=s.block_ms / 1000,
         )
         return self._redis
+
+    async def _until_redis_answers(self, redis: aioredis.Redis) -> bool:
+        """Wait for Redis, retrying with backoff (and a log line), as the gateway does: under
+        Compose or Kubernetes a worker often starts before Redis answers, or while it still
+        refuses (protected mode, loading). Until then the worker has not advertised itself, so
+        no gateway counts it. False when asked to stop meanwhile."""
+        backoff = self.loops.backoff("start")
+        while not self._stopping.is_set():
+            try:
+                await redis.ping()
+            except RETRYABLE as e:
+                await backoff.failed(e)
+            else:
+                backoff.succeeded()
+                return True
+        return False
 
     def _read_groups(self) -> list[ReadGroup]:
         """The reader's groups (see ``ReadGroup``): everything in one on one Redis; one per
@@ -274,14 +292,14 @@ class Worker:
         self.metrics.track_held(lambda: self.holding)
         if not s.metrics_port:
             return
-        self._metrics_server = MetricsServer(self.metrics.registry, s.metrics_port)
+        self._metrics_server = MetricsServer(self.metrics.registry, s.metrics_port, s.metrics_host)
         try:
             self._metrics_server.start()
         except OSError as e:
             self._metrics_server = None
             raise MetricsPortError(
-                f"cannot serve metrics on port {s.metrics_port}: {e}; pick another with "
-                "--metrics-port, or 0 to turn them off"
+                f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {e}; pick another "
+                "with --metrics-port, or 0 to turn them off"
             ) from e
 
     def _build_parts(self, redis: aioredis.Redis) -> None:

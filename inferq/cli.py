@@ -16,9 +16,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import structlog
+
 import inferq
 from consumer.settings import WorkerSettings
-from inferq.gateways import FleetSettings
+from inferq.gateways import FleetSettings, ListenError
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
 from protocol.exits import EXIT_FAILED, EXIT_LOOP_FAILED, EXIT_OK, EXIT_USAGE, StopSignals
@@ -69,7 +71,29 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     dlq.add_parser(sub, environ)
     loadgen_cli.add_parser(sub, environ)
     models_cli.add_parser(sub, environ)
+    _usage_of_each_command(parser)
     return parser
+
+
+def _usage_of_each_command(parser: argparse.ArgumentParser) -> None:
+    """Each (sub)command remembers its own parser: argparse reports an argument no parser took
+    with the top-level usage, which says nothing about ``inferq dlq list``'s flags."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.set_defaults(usage_parser=command)  # the innermost command's wins
+                _usage_of_each_command(command)
+
+
+def parse(argv: Sequence[str] | None, environ: Mapping[str, str]) -> argparse.Namespace:
+    """The command line, with an argument no command takes reported by the command it was
+    given to (``inferq dlq list digits``: dlq list's usage and error, exit 2)."""
+    parser = build_parser(environ)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command: argparse.ArgumentParser = getattr(args, "usage_parser", parser)
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
 
 
 def _start_tracing(command: str, environ: Mapping[str, str]) -> bool:
@@ -100,6 +124,11 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     if not _start_tracing("gateway", environ):
         return EXIT_USAGE
     settings: GatewaySettings = from_args(GatewaySettings, args)
+    try:
+        listener = _gateway_listener(args, settings)
+    except ListenError as e:  # before anything starts: one line, and no restart can fix it
+        print(f"inferq gateway: {e}", file=sys.stderr)
+        return EXIT_USAGE
     app = create_app(settings)
     server = uvicorn.Server(server_config(app, settings))
     gateway = app.state.gateway
@@ -108,12 +137,7 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         server.should_exit = True
 
     gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
-    if args.listen_fd is None:
-        server.run()
-    else:
-        # A socket inherited from `inferq up` or `inferq gateway --gateways N`; its family and
-        # type are read from the descriptor (IPv4 or IPv6, as it was bound).
-        server.run(sockets=[socket.socket(fileno=args.listen_fd)])
+    server.run(sockets=[listener])
     if gateway.failure is not None:
         print(
             f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
@@ -121,6 +145,22 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         )
         return EXIT_LOOP_FAILED
     return EXIT_OK if server.started else EXIT_FAILED
+
+
+def _gateway_listener(args: argparse.Namespace, settings: GatewaySettings) -> socket.socket:
+    """The HTTP socket: inherited from `inferq up` or `inferq gateway --gateways N` (its family
+    and type are read from the descriptor), else bound here; and the gRPC port checked. Raises
+    ``ListenError``."""
+    from inferq.gateways import bind_listeners, check_grpc_port
+
+    if settings.grpc_port:
+        check_grpc_port(settings.host, settings.grpc_port)
+    if args.listen_fd is not None:
+        return socket.socket(fileno=args.listen_fd)
+    (listener,) = bind_listeners(settings.host, settings.port, 1)
+    host, port = listener.getsockname()[:2]
+    structlog.get_logger("inferq.gateway").info("HTTP listening", address=f"{host}:{port}")
+    return listener
 
 
 def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
@@ -163,7 +203,7 @@ def _run(coro: Any) -> None:
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     environ = os.environ if environ is None else environ
-    args = build_parser(environ).parse_args(argv)
+    args = parse(argv, environ)
     if args.command == "gateway":
         return run_gateway(args, environ)
     if args.command == "worker":

@@ -57,6 +57,8 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     purge.add_argument("--model", required=True)
     purge.add_argument("ids", nargs="*", help="dead letter ids; none with --all")
     purge.add_argument("--all", action="store_true", help="delete every dead letter of the model")
+    for action in (ls, show, retry, purge):  # `inferq dlq list --redis URL` works too
+        connection_flags(action, environ, if_given=True)
 
 
 def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:

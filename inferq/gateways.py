@@ -19,6 +19,7 @@ import argparse
 import socket
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
@@ -43,15 +44,22 @@ class ListenError(OSError):
     """The gateways' address cannot be bound (in use, not local, no permission)."""
 
 
-def bind_listeners(host: str, port: int, n: int, backlog: int = 2048) -> list[socket.socket]:
-    """``n`` listening sockets on ``host:port``; with ``SO_REUSEPORT`` when ``n > 1``. The
-    sockets are inheritable, for the gateway processes."""
+def _resolve(host: str, port: int, what: str) -> tuple[tuple[int, int, int, Any], str]:
+    """(family, type, proto, address) to bind ``host:port``, and how errors name it."""
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
     except socket.gaierror as e:
-        raise ListenError(f"cannot listen on {host}:{port}: {e}") from e
+        raise ListenError(f"cannot listen{what} on {where}: {e}") from e
+    return (family, kind, proto, address), where
+
+
+def bind_listeners(host: str, port: int, n: int, backlog: int = 2048) -> list[socket.socket]:
+    """``n`` listening sockets on ``host:port``; with ``SO_REUSEPORT`` when ``n > 1``. The
+    sockets are inheritable, for the gateway processes."""
+    (family, kind, proto, address), where = _resolve(host, port, "")
     listeners: list[socket.socket] = []
     try:
         for _ in range(n):
@@ -66,8 +74,24 @@ def bind_listeners(host: str, port: int, n: int, backlog: int = 2048) -> list[so
     except OSError as e:
         for sock in listeners:
             sock.close()
-        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+        raise ListenError(f"cannot listen on {where}: {e.strerror or e}") from e
     return listeners
+
+
+def check_grpc_port(host: str, port: int) -> None:
+    """Raise ``ListenError`` now, before the gateway connects to anything, if its gRPC server
+    could not bind ``host:port``. grpc binds inside the app's lifespan, where a failure is a
+    traceback (and, under a supervisor, a restart that fails alike). This binds the port as
+    grpc does, with ``SO_REUSEPORT`` (the gateways of one host share the port by it), without
+    listening, and lets it go."""
+    (family, kind, proto, address), where = _resolve(host, port, " for gRPC")
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise ListenError(f"cannot listen for gRPC on {where}: {e.strerror or e}") from e
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Load inferq (or any Open Inference Protocol server) with Locust, for those who already do.
 
     pip install 'inferq[locust]'
-    locust -f loadgen/locustfile.py --host http://127.0.0.1:8000 --model digits       # web UI
+    locust -f loadgen/locustfile.py --host http://127.0.0.1:8000 --model digits \
+        --web-host 127.0.0.1                    # web UI on http://127.0.0.1:8089 (the default here)
     locust -f loadgen/locustfile.py --host http://127.0.0.1:8000 --model digits \\
         --headless -u 32 -r 8 -t 30s --binary InferUser                   # sync, binary tensors
     locust -f loadgen/locustfile.py --host http://127.0.0.1:8000 JobUser  # async jobs
@@ -120,6 +121,9 @@ if locust is not None:
 
     @events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]
     def _add_options(parser: Any) -> None:
+        # The web UI on this machine only, unless --web-host or LOCUST_WEB_HOST say otherwise
+        # (Locust's own default is every interface, where anyone could start a load).
+        parser.set_defaults(web_host="127.0.0.1")
         for flag, env, kind, default, text in OPTIONS:
             parser.add_argument(
                 flag, type=kind, default=default, env_var=f"INFERQ_LOADGEN_{env}", help=text

@@ -21,7 +21,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 import runtime
-from producer import fastpath
+from producer import docs, fastpath
 from producer import openapi as api
 from producer.errors import BadRequest, GatewayError, answer_for, error_body, http_form
 from producer.gateway import Gateway
@@ -263,6 +263,7 @@ def routes() -> list[Route]:
         ApiRoute("/v2/health/ready", ready, api.READINESS, name="health_ready"),
         ApiRoute("/v2", server_metadata, api.SERVER_METADATA, name="server_metadata"),
         Route("/openapi.json", openapi, name="openapi"),
+        *docs.routes(),
         Route("/metrics", metrics, name="metrics"),
         *per_model,
         ApiRoute("/v2/jobs/{job}", get_job, api.JOB_STATUS, name="job_status", methods=["GET"]),

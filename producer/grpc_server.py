@@ -26,7 +26,7 @@ log = structlog.get_logger("inferq.gateway")
 STOP_GRACE_S = 5.0
 """On shutdown, how long calls in flight may finish before they are cancelled. The gRPC server
 stops after uvicorn has drained HTTP (up to 10 s, while gRPC keeps serving), so its calls get
-that long too; 10 + 5 s fits the 20 s termination grace of ops/k8s/gateway.yaml."""
+that long too; 10 + 5 s fits the 20 s termination grace of ops/k8s/base/gateway.yaml."""
 
 
 class GrpcPortError(RuntimeError):

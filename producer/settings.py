@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from protocol.argtypes import non_negative_float, port_or_off, positive_float, positive_int
 from protocol.options import option
-from runtime.settings import ConnectionSettings
+from runtime.settings import DEFAULT_HOST, ConnectionSettings
 
 JOB_DURABILITY = ("async", "replicated")
 
@@ -22,7 +22,7 @@ def default_gateway_id() -> str:
 
 @dataclass(frozen=True)
 class GatewaySettings(ConnectionSettings):
-    host: str = option("127.0.0.1", flag="--host", env="INFERQ_HOST", help="address to listen on")
+    host: str = option(DEFAULT_HOST, flag="--host", env="INFERQ_HOST", help="address to listen on")
     port: int = option(8000, flag="--port", env="INFERQ_PORT", parse=int, help="HTTP port")
     grpc_port: int = option(
         8001,

@@ -57,6 +57,9 @@ class Option:
     """A command-line default that differs from the dataclass default (rare; say why)."""
     forward: bool = True
     """Whether ``inferq up`` passes the value on to its children's command lines."""
+    follows: str = ""
+    """Another option's ``dest`` whose value ``inferq up`` forwards when this one is unset
+    (``--metrics-host`` follows ``--host``); needs ``cli_default=None`` to tell unset apart."""
     secret: bool = False
     """Forwarded in the environment, never in argv (the process list shows argv)."""
     build: Callable[[Any], Any] | None = None
@@ -143,9 +146,13 @@ def add_flags(
     *settings_classes: type,
     only: Collection[str] | None = None,
     flag: str | None = None,
+    if_given: bool = False,
 ) -> None:
     """Add the options of the classes (each once; ``only`` these fields) to ``parser``.
-    ``flag`` renames the one option that ``only`` selects (same variable)."""
+    ``flag`` renames the one option that ``only`` selects (same variable). ``if_given``: the
+    flags of a subcommand that repeat its parent's (``inferq dlq list --redis``), which set
+    the value only when given, so the parent's (given, from the environment or the default)
+    stands otherwise."""
     seen = {a.dest for a in parser._actions}
     exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
     apart: dict[str, Any] = dict(parser.get_default(_FROM_ENV) or {})
@@ -156,8 +163,8 @@ def add_flags(
                 continue
             seen.add(dest)
             default = _default(f, opt)
-            value = default
-            raw = environ.get(opt.env) if opt.env else None
+            raw = None if if_given or not opt.env else environ.get(opt.env)
+            value = argparse.SUPPRESS if if_given else default
             if raw is not None:
                 try:
                     value = opt.parse(raw)
@@ -224,6 +231,8 @@ def forward_argv(
                 continue
             seen.add(opt.dest)
             value = override[f.name] if f.name in override else getattr(args, opt.dest, None)
+            if value is None and opt.follows:
+                value = getattr(args, opt.follows, None)
             if value is None or value == "" or value == ():
                 continue
             if opt.secret:

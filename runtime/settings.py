@@ -11,6 +11,8 @@ from protocol.options import add_flags, option
 from runtime.connections import RedisSettings
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_HOST = "127.0.0.1"
+"""Where listeners bind unless told: this machine only (``--host``, ``--metrics-host``)."""
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
@@ -36,7 +38,9 @@ class ConnectionSettings:
     )
 
 
-def connection_flags(parser: argparse.ArgumentParser, environ: Mapping[str, str]) -> None:
+def connection_flags(
+    parser: argparse.ArgumentParser, environ: Mapping[str, str], *, if_given: bool = False
+) -> None:
     """``--redis`` and ``--namespace``, for the commands that only read Redis (lag, dlq,
-    models)."""
-    add_flags(parser, environ, ConnectionSettings, only=("redis", "namespace"))
+    models); ``if_given`` for an action that repeats its command's (see ``add_flags``)."""
+    add_flags(parser, environ, ConnectionSettings, only=("redis", "namespace"), if_given=if_given)

@@ -7,7 +7,9 @@ never flushes anything.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +17,9 @@ from pathlib import Path
 import pytest
 import structlog
 
+from consumer.settings import DEFAULT_METRICS_PORT
 from inferq.redisserver import RedisServer
+from producer.settings import GatewaySettings
 from tests.support import Stack, stacks, write_simulated_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +31,28 @@ def _default_logging() -> Iterator[None]:
     """Entry points configure logging globally; tests that call them must not leak it."""
     yield
     structlog.reset_defaults()
+
+
+DEFAULT_PORTS = (
+    GatewaySettings().port,
+    GatewaySettings().grpc_port,
+    *range(DEFAULT_METRICS_PORT, DEFAULT_METRICS_PORT + 4),  # `inferq up`'s worker i: base + i
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _default_ports_taken() -> Iterator[None]:
+    """Hold the default HTTP, gRPC and metrics ports for the whole session, as another service
+    on the machine may: a test that binds a default instead of a free port fails here, at once,
+    not only on the machine where something else listens on 8000. A port already held by
+    someone else is left to them (it is taken either way)."""
+    with contextlib.ExitStack() as held:
+        for port in DEFAULT_PORTS:
+            sock = held.enter_context(socket.socket())
+            with contextlib.suppress(OSError):
+                # Bound, not listening: another bind of it fails, a connect is refused.
+                sock.bind(("0.0.0.0", port))
+        yield
 
 
 @pytest.fixture(scope="session")

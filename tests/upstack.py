@@ -113,6 +113,8 @@ def up_processes(
                 str(free_port()),
                 "--model-repository",
                 str(repo),
+                "--grpc-port",
+                "0",
                 "--metrics-port",
                 "0",
                 "--log-level",

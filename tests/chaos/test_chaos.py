@@ -479,6 +479,8 @@ def _gateway_process(
             namespace,
             "--port",
             str(port),
+            "--grpc-port",
+            "0",
             "--log-level",
             "warning",
             *extra,

@@ -78,10 +78,13 @@ def test_a_bad_environment_value_is_a_usage_error(capsys):
     assert "INFERQ_MAX_BATCH" in capsys.readouterr().err
 
 
-def test_up_serves_worker_metrics_from_port_9100_by_default():
+def test_up_serves_worker_metrics_from_port_8002_by_default():
     # Worker i of `inferq up` gets the base + i: a local Prometheus sees every worker's stages
     # with no flag (README: Monitoring), and INFERQ_METRICS_PORT / --metrics-port move the base.
-    assert build_parser({}).parse_args(["up"]).metrics_port == 9100
+    # 8002 is Triton's metrics port, beside 8000/8001; 9100 (node_exporter's) and the rest of
+    # 9100-9999 belong to Prometheus exporters that often run on the same host.
+    assert build_parser({}).parse_args(["up"]).metrics_port == 8002
+    assert not 9090 <= build_parser({}).parse_args(["worker"]).metrics_port <= 9999
     assert build_parser({"INFERQ_METRICS_PORT": "9200"}).parse_args(["up"]).metrics_port == 9200
     assert build_parser({}).parse_args(["up", "--metrics-port", "0"]).metrics_port == 0
 
@@ -183,9 +186,12 @@ def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
         assert len(_processes_mentioning(f"127.0.0.1:{redis_port}")) == 4
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
-        if proc.stdout:
-            proc.stdout.close()
+        try:
+            code = proc.wait(60)
+        finally:
+            if proc.stdout:
+                proc.stdout.close()
+        assert code == 0
     assert _processes_mentioning(f"127.0.0.1:{redis_port}") == []
 
 
@@ -212,13 +218,17 @@ def test_up_without_redis_says_how_to_install_it(tmp_path):
     assert "install Redis" in result.stderr
 
 
-def test_gateway_exits_with_a_clear_message_when_the_grpc_port_is_taken(tmp_path):
+@pytest.mark.parametrize(("taken_flag", "listener"), [("--grpc-port", " for gRPC"), ("--port", "")])
+def test_a_gateway_port_in_use_is_one_line_and_exit_2(tmp_path, taken_flag, listener):
+    # Exit 2 is a usage error: `inferq up` and `inferq gateway --gateways N` stop instead of
+    # restarting a gateway that would fail alike. Nothing connects to Redis first.
     import socket
 
     with socket.socket() as taken:  # no SO_REUSEPORT: nothing may share it
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
+        ports = {"--port": str(free_port()), "--grpc-port": str(free_port()), taken_flag: str(port)}
         result = subprocess.run(
             [
                 sys.executable,
@@ -227,10 +237,7 @@ def test_gateway_exits_with_a_clear_message_when_the_grpc_port_is_taken(tmp_path
                 "gateway",
                 "--redis",
                 "redis://127.0.0.1:1/0",
-                "--port",
-                str(free_port()),
-                "--grpc-port",
-                str(port),
+                *(x for flag_value in ports.items() for x in flag_value),
                 "--log-level",
                 "warning",
             ],
@@ -240,5 +247,26 @@ def test_gateway_exits_with_a_clear_message_when_the_grpc_port_is_taken(tmp_path
             cwd=tmp_path,
             timeout=60,
         )
-    assert result.returncode != 0
-    assert f"cannot listen for gRPC on 127.0.0.1:{port}" in result.stdout + result.stderr
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr == (
+        f"inferq gateway: cannot listen{listener} on 127.0.0.1:{port}: Address already in use\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "command", "unknown"),
+    [
+        (["dlq", "list", "digits"], "inferq dlq list", "digits"),
+        (["worker", "--no-such-flag"], "inferq worker", "--no-such-flag"),
+        (["lag", "digits"], "inferq lag", "digits"),
+        (["up", "--no-such-flag"], "inferq up", "--no-such-flag"),
+    ],
+)
+def test_an_argument_no_command_takes_gets_that_commands_usage(argv, command, unknown, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv, environ={})
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: {command} [-h]"), err
+    assert err.endswith(f"{command}: error: unrecognized arguments: {unknown}\n"), err

@@ -86,3 +86,19 @@ def test_show_of_an_unknown_id_is_an_error(redis_url, namespace, capsys):
 def test_an_unreachable_redis_is_reported_not_raised(capsys):
     assert main(["dlq", "--redis", "redis://127.0.0.1:1/0", "list"], environ={}) == 4
     assert "cannot reach Redis" in capsys.readouterr().err
+
+
+def test_the_connection_flags_work_after_the_action_too(redis_url, namespace, capsys):
+    # As a newcomer types it: `inferq dlq list --redis URL`. Given at both places, the
+    # action's wins; given before it only, it stands.
+    keys = Keys(namespace)
+    with redis.Redis.from_url(redis_url) as r:
+        _dead_letter(r, keys, "req-1", deadline_ms=1)
+    for argv in (
+        ["dlq", "list", "--model", "sim", "--redis", redis_url, "--namespace", namespace],
+        ["dlq", "--redis", "redis://127.0.0.1:1/0", "list", "--redis", redis_url,
+         "--namespace", namespace, "--json"],
+        ["dlq", "--redis", redis_url, "--namespace", namespace, "list", "--json"],
+    ):  # fmt: skip
+        assert main(argv, environ={}) == 0, argv
+        assert "req-1" in capsys.readouterr().out

@@ -140,6 +140,23 @@ def test_a_port_in_use_is_reported_before_anything_starts(up):
     assert u.events("child started") == []
 
 
+def test_a_grpc_port_in_use_stops_the_stack_at_once_instead_of_restarting(up):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        u = up("--grpc-port", str(port))
+        assert u.proc.wait(60) == 1
+    u.join()
+    said = f"cannot listen for gRPC on 127.0.0.1:{port}: Address already in use"
+    assert any(said in line for line in u.lines), u.lines
+    assert any("gateway 0 exit code 2" in line and "not restarting" in line for line in u.lines)
+    assert u.events("child restarted") == []
+    assert not any("Traceback" in line for line in u.lines)
+
+
 def test_inferq_gateway_with_two_gateways_serves_one_port(redis_url, namespace, stack):
     s = stack(workers=1, models=("sim",))  # a worker (and a gateway of its own) on this Redis
     s.wait_ready("sim")
@@ -156,6 +173,8 @@ def test_inferq_gateway_with_two_gateways_serves_one_port(redis_url, namespace, 
             namespace,
             "--port",
             str(port),
+            "--grpc-port",
+            "0",
             "--gateways",
             "2",
             "--log-level",

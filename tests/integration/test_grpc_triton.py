@@ -73,6 +73,8 @@ def up(redis_server: RedisServer, model_repo: Path, tmp_path_factory) -> Iterato
             str(http_port),
             "--grpc-port",
             str(grpc_port),
+            "--metrics-port",
+            "0",
             "--model-repository",
             str(model_repo),
             "--models",
@@ -111,10 +113,13 @@ def up(redis_server: RedisServer, model_repo: Path, tmp_path_factory) -> Iterato
         )
     finally:
         process.send_signal(signal.SIGINT)
-        assert process.wait(60) == 0, "".join(output)
-        reader.join(5)
-        if process.stdout is not None:
-            process.stdout.close()
+        try:
+            code = process.wait(60)
+        finally:
+            reader.join(5)
+            if process.stdout is not None:
+                process.stdout.close()
+        assert code == 0, "".join(output)
 
 
 def digits_input(rows: np.ndarray) -> triton.InferInput:

@@ -247,6 +247,7 @@ def inferq_up(repo: Path, redis_url: str, namespace: str, env: dict[str, str]) -
             "--redis", redis_url,
             "--namespace", namespace,
             "--port", str(port),
+            "--grpc-port", "0",
             "--metrics-port", "0",
             "--model-repository", str(repo),
             "--log-level", "warning",

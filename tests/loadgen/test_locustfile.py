@@ -79,17 +79,21 @@ def test_job_responses_and_poll_paths(locustfile: Any) -> None:
 @pytest.mark.skipif(
     importlib.util.find_spec("locust") is None, reason="locust (inferq[locust]) is not installed"
 )
+def locust(*args: str) -> list[str]:
+    """A ``locust`` command line on loadgen/locustfile.py."""
+    return [sys.executable, "-m", "locust", "-f", str(ROOT / "loadgen" / "locustfile.py"), *args]
+
+
+def locust_env(home: Path) -> dict[str, str]:
+    return {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(home)}
+
+
 def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
     tiny_server: Any, response_bytes: Any, tmp_path: Path
 ) -> None:
     with ServerThread(tiny_server, v2_handler(response_bytes)) as srv:
         done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "locust",
-                "-f",
-                str(ROOT / "loadgen" / "locustfile.py"),
+            locust(
                 "--host",
                 srv.url,
                 "--model",
@@ -107,9 +111,9 @@ def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
                 "--csv",
                 str(tmp_path / "run"),
                 "--only-summary",
-            ],
+            ),
             cwd=ROOT,
-            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+            env=locust_env(tmp_path),
             capture_output=True,
             text=True,
             timeout=50,
@@ -133,3 +137,33 @@ def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
         assert head["inputs"][0]["shape"] == [1, 4]
         assert len(r.body) - length == head["inputs"][0]["parameters"]["binary_data_size"] == 16
         assert r.headers["cache-control"] == "no-cache"
+
+
+def test_the_web_ui_listens_on_this_machine_only_by_default(tmp_path: Path) -> None:
+    # Locust's own default is every interface: anyone who reaches the host could start a load.
+    import socket
+
+    from inferq.redisserver import free_port
+    from tests.support import wait_until
+
+    port = free_port()
+    proc = subprocess.Popen(
+        locust("--host", "http://127.0.0.1:9", "--web-port", str(port)),
+        cwd=ROOT,
+        env=locust_env(tmp_path),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+    def answers(host: str) -> bool:
+        with socket.socket() as s:
+            s.settimeout(1)
+            return s.connect_ex((host, port)) == 0
+
+    try:
+        wait_until(lambda: answers("127.0.0.1") or proc.poll() is not None, 30, "the web UI")
+        assert proc.poll() is None
+        assert not answers("127.0.0.2")  # loopback too, but not the address it bound
+    finally:
+        proc.terminate()
+        proc.wait(30)

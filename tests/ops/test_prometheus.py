@@ -20,7 +20,6 @@ a worker paused (SIGSTOP: Prometheus cannot scrape it, as if it had crashed) set
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -39,6 +38,7 @@ import redis
 from inferq.redisserver import free_port
 from protocol.keys import Keys, Lane
 from protocol.messages import FIELD
+from tests.ops.queries import ALERTS, OPS, alert_rules, panel_queries
 from tests.support import missing, sim_body, wait_until, write_simulated_model
 
 try:
@@ -48,15 +48,8 @@ except ImportError:  # pragma: no cover - pyyaml is part of dev
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-OPS = Path(__file__).resolve().parents[2] / "ops"
-DASHBOARD = OPS / "grafana" / "dashboards" / "inferq.json"
-ALERTS = OPS / "prometheus" / "alerts.yml"
-
-INTERVAL = "1s"
-RATE_INTERVAL = "4s"
-"""What Grafana's ``$__rate_interval`` is at a 1 s scrape interval (four scrape intervals)."""
-ALL_MODELS = ".*"
-"""What ``$model`` is with "All" selected (the variable's ``allValue``)."""
+INTERVAL_S = 1
+INTERVAL = f"{INTERVAL_S}s"
 
 ALLOWED_EMPTY_PANELS = {
     # Nothing expires while the workers keep up: every request starts before its deadline.
@@ -161,23 +154,6 @@ def scrape_config(gateway: str, workers: list[str], rules: Path) -> dict[str, An
 # -- what the test queries ---------------------------------------------------------------------
 
 
-def panel_queries() -> dict[tuple[str, str], str]:
-    """Every panel query of the dashboard, with Grafana's variables substituted."""
-    board = json.loads(DASHBOARD.read_text())
-    return {
-        (panel["title"], target["refId"]): target["expr"]
-        .replace("$__rate_interval", RATE_INTERVAL)
-        .replace("$model", ALL_MODELS)
-        for panel in board["panels"]
-        for target in panel.get("targets", [])
-    }
-
-
-def alert_rules() -> dict[str, str]:
-    groups = yaml.safe_load(ALERTS.read_text())["groups"]
-    return {rule["alert"]: rule["expr"] for group in groups for rule in group["rules"]}
-
-
 def empty(prometheus: Prometheus, queries: dict[Any, str]) -> set[Any]:
     return {key for key, expr in queries.items() if not prometheus.query(expr)}
 
@@ -268,12 +244,13 @@ def inferq_up(
             "--redis", redis_url,
             "--namespace", namespace,
             "--port", str(port),
+            "--grpc-port", "0",
             "--workers", "2",
             "--model-repository", str(repo),
             "--log-level", "warning",
         ],
         # The worker metrics ports are inferq up's default (base + i); only the base moves
-        # off 9100, which another run or a node exporter on this machine may hold.
+        # off the default, which another run on this machine may hold.
         env={**os.environ, "INFERQ_METRICS_PORT": str(metrics_base)},
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
@@ -324,7 +301,7 @@ def test_a_real_prometheus_evaluates_every_panel_and_alert_and_the_alerts_that_m
             with redis.Redis.from_url(redis_url) as r:
                 r.xadd(Keys(namespace).stream("sim", Lane.NORMAL), {FIELD: b"not a request"})
 
-            panels = panel_queries()
+            panels = panel_queries(INTERVAL_S)
             assert len(panels) > 30
             unanswered: set[tuple[str, str]] = set()
 

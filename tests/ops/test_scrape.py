@@ -84,3 +84,25 @@ def test_every_dashboard_and_alert_metric_is_in_a_scrape_of_a_gateway_and_a_work
     assert used - scraped == set()
     assert "inferq_worker_rows_total" in scraped_names(worker)
     assert "inferq_gateway_requests_total" in scraped_names(gateway_scrape())
+
+
+def _bindable(host: str, port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+@pytest.mark.parametrize(("host", "other_loopback_free"), [("127.0.0.1", True), ("0.0.0.0", False)])
+def test_a_workers_metrics_listen_on_its_metrics_host_only(stack, host, other_loopback_free):
+    # 127.0.0.2 is loopback too, but another address: a listener on 127.0.0.1 leaves it free,
+    # one on every interface (0.0.0.0, as in a container) holds it as well.
+    s = stack(workers=0)
+    port = free_port()
+    s.add_worker(("sim",), metrics_port=port, metrics_host=host)
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).status_code == 200
+    assert _bindable("127.0.0.2", port) is other_loopback_free

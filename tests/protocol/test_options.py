@@ -81,7 +81,10 @@ def test_up_forwards_every_gateway_and_worker_option_unchanged():
         child = build_parser(env).parse_args([command, *argv])
         for f, opt in options(cls):
             if opt.forward:
-                assert getattr(child, opt.dest) == getattr(up, opt.dest), f.name
+                expected = getattr(up, opt.dest)
+                if expected is None and opt.follows:
+                    expected = getattr(up, opt.follows)
+                assert getattr(child, opt.dest) == expected, f.name
         assert "s3cret" not in argv
     worker = from_args(
         WorkerSettings,
@@ -105,6 +108,23 @@ def test_worker_ids_are_never_handed_down():
     up = build_parser({"INFERQ_WORKER_ID": "w1"}).parse_args(["up"])
     argv, _ = forward_argv(up, [WorkerSettings])
     assert "--worker-id" not in argv
+
+
+def test_the_workers_metrics_follow_ups_host_unless_given_their_own():
+    def metrics_host(*flags: str) -> str:
+        argv, _ = forward_argv(build_parser({}).parse_args(["up", *flags]), [WorkerSettings])
+        return argv[argv.index("--metrics-host") + 1]
+
+    assert metrics_host() == GatewaySettings().host == "127.0.0.1"
+    assert metrics_host("--host", "0.0.0.0") == "0.0.0.0"
+    assert metrics_host("--host", "0.0.0.0", "--metrics-host", "10.1.2.3") == "10.1.2.3"
+
+
+def test_a_worker_binds_its_metrics_to_this_machine_only_unless_told():
+    worker = from_args(WorkerSettings, build_parser({}).parse_args(["worker"]))
+    assert worker.metrics_host == "127.0.0.1"
+    told = build_parser({"INFERQ_METRICS_HOST": "0.0.0.0"}).parse_args(["worker"])
+    assert from_args(WorkerSettings, told).metrics_host == "0.0.0.0"
 
 
 def test_overrides_replace_a_forwarded_value():
