@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 import structlog
 
 from consumer.ledger import Ledger
 from consumer.reclaimer import Reclaimer
 from protocol.keys import GROUP, Keys, Lane
 from protocol.messages import FIELD
+from runtime.broker import connect
+from runtime.connections import RedisSettings
 from runtime.loops import Loops
 from tests.consumer.support import worker_context
 from tests.support import until
@@ -77,7 +78,7 @@ def with_reclaimer(
     loops: Loops | None = None,
 ) -> None:
     async def go() -> None:
-        client = aioredis.Redis.from_url(redis_url)
+        broker = await connect(RedisSettings(url=redis_url), name="reclaimer")
         context = worker_context(
             keys.namespace,
             slots=FakeSlots(keys),
@@ -86,11 +87,11 @@ def with_reclaimer(
             max_deliveries=5,
             claim_idle_ms=IDLE_MS,
         )
-        reclaimer = Reclaimer(context, client, intake)
+        reclaimer = Reclaimer(context, broker, intake)
         try:
             await body(reclaimer)
         finally:
-            await client.aclose()
+            await broker.aclose()
 
     asyncio.run(go())
 
