@@ -1,20 +1,10 @@
 """Redis Cluster: seed lists, and redis-py's cluster client with inferq's policy.
 
 ``--redis`` names one node or several (``redis://[user:pass@]h1:p1,h2:p2,h3:p3[/0][?opts]``, or
-comma-separated full URLs); ``runtime.broker`` asks the server whether it is a cluster.
-
-Everything here that leans on redis-py's internals (written against redis-py 8.1.0) is marked
-so. The cluster client keeps the same policy as a single-node one (``runtime.broker``):
-- **No automatic retry** of a command that may have reached Redis (a retried XADD would enqueue
-  twice). ``MOVED`` and ``ASK`` are followed (the command did not run where it was sent), and a
-  connection error marks the slot table stale, so the next command re-reads the topology
-  (``CLUSTER SLOTS``) and reaches the promoted replica after a failover.
-- **A bounded number of connections.** redis-py's cluster client opens a connection per
-  concurrent command and node and fails with ``MaxConnectionsError`` past its cap; this one
-  makes callers queue for one of ``pool_size`` slots instead (a pipeline takes one slot and at
-  most one connection per node), so connections stay O(nodes), whatever the concurrency.
-- ``reinitialize_steps=0``: a ``MOVED`` patches that slot instead of closing every connection
-  of the client (which would also cut blocking reads of other tasks short).
+comma-separated full URLs). The client retries nothing that may have reached Redis, queues its
+callers for one of ``pool_size`` slots (connections stay O(nodes)), follows MOVED and ASK, and
+reports a topology in flux as a ConnectionError. What here leans on redis-py's internals says so,
+with the version it was written against (ARCHITECTURE.md, "One face for Redis").
 """
 
 from __future__ import annotations
@@ -281,7 +271,7 @@ def cluster_client(
         # pipeline re-sent while its slot is held.
         max_connections=2 * pool_size + 2,
         retry=Retry(NoBackoff(), 0),
-        reinitialize_steps=0,
+        reinitialize_steps=0,  # a MOVED patches its slot instead of closing every connection
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=connect_timeout_s,
         client_name=name,
