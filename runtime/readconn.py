@@ -18,9 +18,10 @@ reads again at once after a MOVED, or backs off.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.exceptions import MovedError, RedisError
@@ -38,40 +39,6 @@ StreamReply = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]
 """``[(stream, [(entry id, fields)])]``."""
 GroupReply = list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes] | None]]]]
 """The same, where a pending entry deleted since it was read has no fields (None)."""
-
-
-class BlockingReads(Protocol):
-    async def xread(
-        self,
-        streams: Mapping[str, str],
-        *,
-        count: int,
-        block_ms: int | None = None,
-        before: Sequence[Command] = (),
-    ) -> StreamReply:
-        """``XREAD`` of ``streams`` (name -> last id read); ``before``: commands sent ahead of it
-        in the same round trip. An error reply to any of them is raised."""
-        ...
-
-    async def xreadgroup(
-        self,
-        group: str,
-        consumer: str,
-        streams: Mapping[str, str],
-        *,
-        count: int,
-        block_ms: int | None = None,
-    ) -> GroupReply: ...
-
-    async def unblock(self) -> None:
-        """Wake a read blocked on this connection now (it returns nothing)."""
-        ...
-
-    async def reset(self, error: BaseException) -> bool:
-        """After a failed read: re-aim the connection; True when it may read again at once."""
-        ...
-
-    async def aclose(self) -> None: ...
 
 
 async def recover(reads: BlockingReads, error: BaseException, backoff: Backoff) -> None:
@@ -106,16 +73,21 @@ def _count_block(count: int, block_ms: int | None) -> tuple[Any, ...]:
     return ("COUNT", count) if block_ms is None else ("COUNT", count, "BLOCK", block_ms)
 
 
-class _StreamReads:
-    """The reads and their parsing; where to connect and how to wake are the subclasses'."""
+class BlockingReads(abc.ABC):
+    """A connection of its own for a loop of stream reads; where it connects and how it is woken
+    are the subclasses'."""
 
     _connection: RespConnection | None
 
-    async def _open(self) -> RespConnection:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _open(self) -> RespConnection: ...
 
-    async def _wake(self, client_id: int) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _wake(self, client_id: int) -> None: ...
+
+    @abc.abstractmethod
+    async def reset(self, error: BaseException) -> bool:
+        """After a failed read: re-aim the connection; True when it may read again at once."""
 
     async def xread(
         self,
@@ -125,6 +97,8 @@ class _StreamReads:
         block_ms: int | None = None,
         before: Sequence[Command] = (),
     ) -> StreamReply:
+        """``XREAD`` of ``streams`` (name -> last id read); ``before``: commands sent ahead of it
+        in the same round trip. An error reply to any of them is raised."""
         command = ("XREAD", *_count_block(count, block_ms), *_streams(streams))
         return cast(StreamReply, await self._read([*before, command]))  # XREAD has no None
 
@@ -156,6 +130,7 @@ class _StreamReads:
         return stream_reply(replies[-1])
 
     async def unblock(self) -> None:
+        """Wake a read blocked on this connection now (it returns nothing)."""
         connection = self._connection
         if connection is not None and connection.open and connection.client_id is not None:
             await self._wake(connection.client_id)
@@ -166,7 +141,7 @@ class _StreamReads:
             await connection.close()
 
 
-class NodeReads(_StreamReads):
+class NodeReads(BlockingReads):
     """One Redis: the loop's own connection, woken through the command client."""
 
     def __init__(self, endpoint: Endpoint, commands: aioredis.Redis) -> None:
@@ -186,7 +161,7 @@ class NodeReads(_StreamReads):
         await self._commands.client_unblock(client_id)
 
 
-class SlotReads(_StreamReads):
+class SlotReads(BlockingReads):
     """Redis Cluster: one connection to the master of ``key``'s slot (see the module doc)."""
 
     def __init__(
