@@ -16,6 +16,7 @@ from inferq.redisserver import RedisServer, free_port
 from protocol.keys import GROUP
 from runtime.broker import Broker, ClusterBroker, StandaloneBroker, connect
 from runtime.connections import RedisSettings
+from runtime.readconn import BlockingReads
 from tests.kinds import RedisUnderTest
 from tests.support import until
 
@@ -134,59 +135,67 @@ def test_wait_goes_to_the_node_that_owns_the_key(either_redis, namespace):
     with_broker(either_redis, body)
 
 
-def test_blocking_reads_wait_for_entries_and_wake_when_asked(either_redis, namespace):
-    stream = f"{namespace}:{{s}}:stream"
-    name = f"{namespace}-reads"
-
-    async def body(broker: Broker) -> None:
+def with_reads(
+    redis: RedisUnderTest,
+    stream: str,
+    name: str,
+    body: Callable[[Broker, BlockingReads], Awaitable[None]],
+) -> None:
+    async def reading(broker: Broker) -> None:
         reads = broker.blocking_reads(stream, name=name, block_ms=5000)
         try:
-            await broker.commands.xgroup_create(stream, GROUP, id="0", mkstream=True)
-            read = asyncio.create_task(
-                reads.xreadgroup(GROUP, "me", {stream: ">"}, count=10, block_ms=5000)
-            )
-            await until(lambda: any(c["cmd"] == "xreadgroup" for _, c in clients()))
-            entry_id = await broker.commands.xadd(stream, {b"f": b"v"})
-            assert await read == [(stream.encode(), [(entry_id, {b"f": b"v"})])]
-            # Blocked on nothing to come: woken at once, with nothing.
-            read = asyncio.create_task(
-                reads.xreadgroup(GROUP, "me", {stream: ">"}, count=10, block_ms=5000)
-            )
-            await until(lambda: any(c["cmd"] == "xreadgroup" for _, c in clients()))
-            await reads.unblock()
-            assert await asyncio.wait_for(read, 2) == []
-            # Its own pending list, with an entry deleted meanwhile: no fields.
-            await broker.commands.xdel(stream, entry_id)
-            pending = await reads.xreadgroup(GROUP, "me", {stream: "0"}, count=10)
-            assert pending == [(stream.encode(), [(entry_id, None)])]
+            await body(broker, reads)
         finally:
             await reads.aclose()
 
-    def clients() -> list[tuple[int, dict[str, object]]]:
-        return either_redis.clients_named(name)
+    with_broker(redis, reading)
 
-    with_broker(either_redis, body)
+
+def blocked(redis: RedisUnderTest, name: str) -> bool:
+    """Whether a connection called ``name`` is blocked in Redis now."""
+    return any("b" in str(c["flags"]) for _, c in redis.clients_named(name))
+
+
+def test_blocking_reads_wait_for_entries_and_wake_when_asked(either_redis, namespace):
+    stream, name = f"{namespace}:{{s}}:stream", f"{namespace}-reads"
+
+    async def body(broker: Broker, reads: BlockingReads) -> None:
+        await broker.commands.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        read = asyncio.create_task(
+            reads.xreadgroup(GROUP, "me", {stream: ">"}, count=10, block_ms=5000)
+        )
+        await until(lambda: blocked(either_redis, name))
+        entry_id = await broker.commands.xadd(stream, {b"f": b"v"})
+        assert await read == [(stream.encode(), [(entry_id, {b"f": b"v"})])]
+        # Blocked on nothing to come: woken at once, with nothing.
+        read = asyncio.create_task(
+            reads.xreadgroup(GROUP, "me", {stream: ">"}, count=10, block_ms=5000)
+        )
+        await until(lambda: blocked(either_redis, name))
+        await reads.unblock()
+        assert await asyncio.wait_for(read, 2) == []
+        # Its own pending list, with an entry deleted meanwhile: no fields.
+        await broker.commands.xdel(stream, entry_id)
+        pending = await reads.xreadgroup(GROUP, "me", {stream: "0"}, count=10)
+        assert pending == [(stream.encode(), [(entry_id, None)])]
+
+    with_reads(either_redis, stream, name, body)
 
 
 def test_a_blocking_read_reconnects_after_its_connection_is_killed(either_redis, namespace):
-    stream = f"{namespace}:{{k}}:stream"
-    name = f"{namespace}-killed"
+    stream, name = f"{namespace}:{{k}}:stream", f"{namespace}-killed"
 
-    async def body(broker: Broker) -> None:
-        reads = broker.blocking_reads(stream, name=name, block_ms=5000)
-        try:
-            read = asyncio.create_task(reads.xread({stream: "$"}, count=1, block_ms=5000))
-            await until(lambda: bool(either_redis.clients_named(name)))
-            either_redis.kill_clients(name)
-            with pytest.raises(RedisConnectionError):
-                await read
-            assert await reads.reset(RedisConnectionError("gone")) is False  # back off first
-            await broker.commands.xadd(stream, {b"f": b"1"})
-            assert len((await reads.xread({stream: "0"}, count=10))[0][1]) == 1
-        finally:
-            await reads.aclose()
+    async def body(broker: Broker, reads: BlockingReads) -> None:
+        read = asyncio.create_task(reads.xread({stream: "$"}, count=1, block_ms=5000))
+        await until(lambda: blocked(either_redis, name))
+        either_redis.kill_clients(name)
+        with pytest.raises(RedisConnectionError):
+            await read
+        assert await reads.reset(RedisConnectionError("gone")) is False  # back off first
+        await broker.commands.xadd(stream, {b"f": b"1"})
+        assert len((await reads.xread({stream: "0"}, count=10))[0][1]) == 1
 
-    with_broker(either_redis, body)
+    with_reads(either_redis, stream, name, body)
 
 
 def test_a_password_protected_redis_serves_every_part_of_the_broker(namespace):
