@@ -2,8 +2,8 @@
 
 ``start`` connects (``_connect``), wires the parts to each other (``_build_parts``) and starts
 the loops (``_start_loops``); ``stop`` cancels and awaits every loop, fails the requests still
-waiting, and closes the connections. The gateway starts even when Redis
-is down: it then reports not-ready, answers inference with 503, and recovers on its own.
+waiting, and closes the connections. The gateway starts even when Redis is down: it then reports
+not-ready, answers inference with 503, and recovers on its own.
 
 Every loop survives Redis errors with backoff and tells readiness while it fails (``ready``
 answers why). A loop that ends any other way is a bug: readiness fails for good and ``on_fatal``
