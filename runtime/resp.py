@@ -227,7 +227,11 @@ class RespConnection:
                 protocol._fail(RedisTimeoutError("timed out connecting to Redis"))
                 raise RedisTimeoutError(f"timed out connecting to Redis at {e.where}") from None
             except OSError as err:
+                protocol._fail(RedisConnectionError("could not connect"))
                 raise RedisConnectionError(f"cannot connect to Redis at {e.where}: {err}") from err
+            except BaseException:  # cancelled while setting the session up: close what opened
+                protocol._fail(RedisConnectionError("connecting was cancelled"))
+                raise
             for reply in replies:
                 if isinstance(reply, Exception):
                     protocol._fail(RedisConnectionError("Redis refused the session"))

@@ -7,6 +7,7 @@ what is in flight and is replaced."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -158,3 +159,27 @@ def test_a_reply_later_than_the_timeout_fails_the_batch_and_the_connection_recov
         assert await c.execute([("PING",)]) == [b"PONG"]
 
     with_connection(endpoint, body)
+
+
+def test_a_connect_cancelled_while_the_session_is_set_up_closes_its_socket():
+    """A loop cancelled while its connection waits for AUTH/CLIENT ID leaves no socket open (an
+    unclosed transport would only be found by the garbage collector)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, never answers
+        port = server.getsockname()[1]
+        endpoint = Endpoint("127.0.0.1", port, connect_timeout_s=30, reply_timeout_s=30)
+
+        async def go() -> None:
+            connection = RespConnection(endpoint)
+            sent = asyncio.create_task(connection.execute([("PING",)]))
+            peer, _ = await asyncio.get_running_loop().sock_accept(server)
+            with peer:
+                assert b"CLIENT" in await asyncio.get_running_loop().sock_recv(peer, 1024)
+                sent.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await sent
+                assert not connection.open
+                closed = asyncio.get_running_loop().sock_recv(peer, 1024)
+                assert await asyncio.wait_for(closed, 2) == b""  # now, not at a timeout
+
+        server.setblocking(False)
+        asyncio.run(go())
