@@ -18,10 +18,10 @@ import pytest
 import structlog
 
 from consumer.settings import DEFAULT_METRICS_PORT
-from inferq.localcluster import LocalCluster
 from inferq.redisserver import RedisServer
 from producer.settings import GatewaySettings
 from tests.kinds import RedisUnderTest
+from tests.localcluster import LocalCluster
 from tests.support import Stack, stacks, write_simulated_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -11,13 +11,13 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from inferq.localcluster import LocalCluster
 from inferq.redisserver import RedisServer, free_port
 from protocol.keys import GROUP
 from runtime.broker import Broker, ClusterBroker, StandaloneBroker, connect
 from runtime.connections import RedisSettings
 from runtime.readconn import BlockingReads
 from tests.kinds import RedisUnderTest
+from tests.localcluster import LocalCluster
 from tests.support import until
 
 pytestmark = pytest.mark.integration
