@@ -129,6 +129,11 @@ class Reclaimer:
                 return  # no stream or group (yet, or any more): nothing pending there
             raise
         candidates = [p for p in pending if (stream, p["message_id"]) not in self._ledger]
+        # Entries a worker died holding after they had been reclaimed once may include what
+        # kills workers: take those one per pass, so a poison among them takes no other request
+        # with it to the next crash (and on towards --max-deliveries).
+        again = [p for p in candidates if int(p["times_delivered"]) >= 2]
+        candidates = [p for p in candidates if int(p["times_delivered"]) < 2] + again[:1]
         if not candidates:
             return
         deliveries = {p["message_id"]: int(p["times_delivered"]) for p in candidates}

@@ -113,6 +113,27 @@ def test_entries_a_dead_worker_held_past_the_idle_time_are_taken_over_with_their
     assert {c["name"]: c["pending"] for c in r.xinfo_consumers(stream, GROUP)}[b"me"] == 3
 
 
+def test_entries_whose_worker_died_again_after_a_takeover_are_taken_one_per_pass(
+    r, redis_url, namespace
+):
+    """One of them may be the poison that killed both workers: taken alone, it takes no other
+    request along to its next crash."""
+    keys = Keys(namespace)
+    stream = keys.stream("m", Lane.NORMAL)
+    ids = queue(r, keys, 3, "dead")
+    r.xclaim(stream, GROUP, "died-too", 0, ids)  # taken over once; that worker died as well
+    intake = Intake()
+
+    async def body(reclaimer: Reclaimer) -> None:
+        await asyncio.sleep(IDLE_MS / 1000 * 1.5)
+        await reclaimer.tick()
+        assert intake.accepted == [(stream, ids[0], 3)]
+        await reclaimer.tick()
+
+    with_reclaimer(redis_url, keys, Ledger(), intake, body)
+    assert intake.accepted == [(stream, ids[0], 3), (stream, ids[1], 3)]
+
+
 def test_nothing_is_taken_over_before_the_idle_time_or_beyond_the_room(r, redis_url, namespace):
     keys = Keys(namespace)
     queue(r, keys, 3, "slow")
