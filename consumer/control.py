@@ -2,7 +2,8 @@
 
 Owned by the worker: ``start`` records where the control stream ends before the worker reads
 the committed policies (so no command between the two is missed), ``run`` follows the stream on
-its own blocking connection, and ``stop`` cancels it and any pending retirements.
+its own blocking connection (``runtime.readconn``), and ``stop`` cancels it and any pending
+retirements.
 
 Loading happens on a thread while the model keeps serving its current versions; a version
 loaded for a PREPARE waits on standby (it can already answer a request routed to it, which
@@ -31,6 +32,7 @@ from protocol.control import COMMAND_FIELD, Command, LoadReport, Op, VersionPoli
 from protocol.envelope import decode_hash
 from runtime.aio import cancelling
 from runtime.faults import RETRYABLE
+from runtime.readconn import BlockingReads, recover
 
 log = structlog.get_logger("inferq.worker")
 
@@ -46,7 +48,7 @@ class ModelControl:
         context: WorkerContext,
         *,
         redis: aioredis.Redis,
-        reader: aioredis.Redis,
+        reader: BlockingReads,
         republish: Callable[[], Awaitable[None]],
     ) -> None:
         s = context.settings
@@ -100,7 +102,7 @@ class ModelControl:
                 await self._prepare(model, command)
         self._in_flight = {}
         while True:
-            reply: Any = await self._redis.xread({self._keys.control: self._last_id}, count=16)
+            reply = await self._reader.xread({self._keys.control: self._last_id}, count=16)
             entries = [e for _, stream_entries in reply or [] for e in stream_entries]
             for entry_id, fields in entries:
                 self._last_id = entry_id.decode()
@@ -116,11 +118,11 @@ class ModelControl:
     async def run(self) -> None:
         while not cancelling():
             try:
-                reply: Any = await self._reader.xread(
-                    {self._keys.control: self._last_id}, count=16, block=self._block_ms
+                reply = await self._reader.xread(
+                    {self._keys.control: self._last_id}, count=16, block_ms=self._block_ms
                 )
             except RETRYABLE as e:
-                await self._backoff.failed(e)
+                await recover(self._reader, e, self._backoff)
                 continue
             self._backoff.succeeded()
             for _, entries in reply or []:

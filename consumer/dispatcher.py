@@ -17,7 +17,6 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 import structlog
-from redis.commands.core import AsyncScript
 
 from consumer.batcher import Queued
 from consumer.context import WorkerContext
@@ -27,7 +26,7 @@ from protocol.cancellation import CHECK_AFTER_MS, cancelled_of
 from protocol.jobs import JobStatus, transition_args
 from protocol.messages import Kind, Status
 from runtime.aio import cancelling
-from runtime.cluster import script_per_slot
+from runtime.broker import Script
 from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.worker")
@@ -50,7 +49,7 @@ class Dispatcher:
         slot: ModelSlot,
         *,
         redis: aioredis.Redis,
-        transition: AsyncScript,
+        transition: Script,
         reader: ReadSide,
     ) -> None:
         self._ctx = context
@@ -140,9 +139,7 @@ class Dispatcher:
         if not jobs:
             return [q.item for q in batch]
         try:
-            before = await script_per_slot(
-                self._redis,
-                self._transition,
+            before = await self._transition.per_key(
                 [self._keys.job(q.item.request.id) for q in jobs],
                 [
                     JobStatus.QUEUED.value,

@@ -14,7 +14,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -32,29 +32,29 @@ from protocol.messages import FIELD, InferRequest
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.faults import RETRYABLE, Fault, classify
-from runtime.readconn import BlockingReads
+from runtime.readconn import BlockingReads, recover
 
 log = structlog.get_logger("inferq.worker")
 
 
 @dataclass(eq=False)
 class ReadGroup:
-    """Request streams that one ``XREADGROUP`` may read together, and its blocking connection.
+    """Request streams that one ``XREADGROUP`` may read together (``Broker.colocated``), and its
+    blocking connection.
 
     On one Redis that is every stream of every served model: one loop and one blocking
     connection, however many models. On a Redis Cluster a command may only name keys of one
-    slot, so there is one group per model partition (its three lanes share a hash tag), each with
-    its own loop and a connection to the master that owns the slot. Redis cannot block on keys of
-    several slots in one command, so a node that holds several of a worker's partitions gets one
-    blocking connection per partition from it; connections grow with partitions served, never
-    with requests.
+    slot, so there is one group per slot (a model partition's three lanes share a hash tag),
+    each with its own loop and a connection to the master that owns the slot. Redis cannot block
+    on keys of several slots in one command, so a node that holds several of a worker's
+    partitions gets one blocking connection per partition from it; connections grow with
+    partitions served, never with requests.
     """
 
     name: str
     streams: frozenset[str]
     reads: BlockingReads
     backoff: Backoff
-    client_id: int | None = None
     blocking_on: frozenset[str] | None = None
     missing: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -103,16 +103,16 @@ class Reader:
         """A model's wants changed: make sure no group's read is blocked on the old ones."""
         for group in self.groups:
             group.wake.set()
-            if group.blocking_on is None or group.client_id is None:
+            if group.blocking_on is None:
                 continue
             streams, _, _ = self._wanted(group)
             if not set(streams) <= group.blocking_on:
                 group.blocking_on = None
-                self._ctx.loops.spawn_once("unblock", self._unblock(group, group.client_id))
+                self._ctx.loops.spawn_once("unblock", self._unblock(group))
 
-    async def _unblock(self, group: ReadGroup, client_id: int) -> None:
+    async def _unblock(self, group: ReadGroup) -> None:
         try:
-            await group.reads.unblock(client_id)
+            await group.reads.unblock()
         except RETRYABLE as e:
             log.debug("could not unblock the reader", error=str(e))
 
@@ -158,8 +158,8 @@ class Reader:
             if not busy:
                 return
             for group in busy:
-                if group.blocking_on is not None and group.client_id is not None:
-                    await self._unblock(group, group.client_id)
+                if group.blocking_on is not None:
+                    await self._unblock(group)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(busy[0].read_done.wait(), 0.05)
 
@@ -169,20 +169,13 @@ class Reader:
         if group.missing:
             await self.ensure_groups()
             group.missing = False
-        reader = await group.reads.connection()
-        if group.client_id is None:
-            group.client_id = int(await reader.client_id())
         if block:
             group.blocking_on = frozenset(streams)
             for slot in self._slots.values():
                 if any(s in streams for s in slot.streams):
                     slot.read_blocking(group.name)
-        return await reader.xreadgroup(
-            GROUP,
-            self._consumer,
-            cast(Any, streams),
-            count=count,
-            block=self._block_ms if block else None,
+        return await group.reads.xreadgroup(
+            GROUP, self._consumer, streams, count=count, block_ms=self._block_ms if block else None
         )
 
     async def _read_failed(self, group: ReadGroup, error: BaseException) -> None:
@@ -203,14 +196,9 @@ class Reader:
             if group.backoff.healthy:
                 group.backoff.record(error)
                 return  # the first failure of a run: recreate at once, then back off
-        else:
-            group.client_id = None
-            # On a cluster: reconnect where the slot lives now (a MOVED names it; after a
-            # connection error the slot table is read again). One Redis: nothing to re-aim.
-            if await group.reads.reset(error):
-                group.backoff.record(error)
-                return  # a MOVED named the slot's new owner: read there at once
-        await group.backoff.failed(error)
+            await group.backoff.failed(error)
+            return
+        await recover(group.reads, error, group.backoff)
 
     def _wanted(self, group: ReadGroup) -> tuple[dict[str, str], int, bool]:
         """The group's streams to read (with ids), entries per stream, and whether to block."""

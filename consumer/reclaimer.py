@@ -15,15 +15,14 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-import redis.asyncio as aioredis
 import structlog
-from redis.commands.core import AsyncScript
 from redis.exceptions import ResponseError
 
 from consumer.context import WorkerContext
 from consumer.trim import TRIM_SCRIPT
 from protocol.keys import GROUP, Lane, text
 from runtime.aio import cancelling
+from runtime.broker import Broker
 from runtime.faults import RETRYABLE, Fault, classify
 from runtime.stats import read_snapshot
 
@@ -50,9 +49,9 @@ class Intake(Protocol):
 
 
 class Reclaimer:
-    def __init__(self, context: WorkerContext, redis: aioredis.Redis, intake: Intake) -> None:
+    def __init__(self, context: WorkerContext, broker: Broker, intake: Intake) -> None:
         s = context.settings
-        self._redis = redis
+        self._redis = broker.commands
         self._consumer = context.worker_id
         self._keys = context.keys
         self._slots = context.slots
@@ -64,7 +63,7 @@ class Reclaimer:
         self._claim_idle_ms = s.claim_idle_ms
         self._interval_s = max(MIN_INTERVAL_S, s.claim_idle_ms / 1000 / 4)
         self._backoff = context.loops.backoff("reclaimer", critical=False)
-        self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
+        self._trim = broker.script(TRIM_SCRIPT)
         self.reclaimed = 0
         self.renewed = 0
         self._ticks = 0
@@ -130,6 +129,11 @@ class Reclaimer:
                 return  # no stream or group (yet, or any more): nothing pending there
             raise
         candidates = [p for p in pending if (stream, p["message_id"]) not in self._ledger]
+        # Entries a worker died holding after they had been reclaimed once may include what
+        # kills workers: take those one per pass, so a poison among them takes no other request
+        # with it to the next crash (and on towards --max-deliveries).
+        again = [p for p in candidates if int(p["times_delivered"]) >= 2]
+        candidates = [p for p in candidates if int(p["times_delivered"]) < 2] + again[:1]
         if not candidates:
             return
         deliveries = {p["message_id"]: int(p["times_delivered"]) for p in candidates}

@@ -12,11 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from typing import cast
 
 import redis.asyncio as aioredis
 import structlog
-from redis.commands.core import AsyncScript
 
 from consumer.advertiser import Advertiser
 from consumer.backends import BackendError
@@ -39,12 +37,12 @@ from protocol.jobs import TRANSITION_SCRIPT
 from protocol.keys import Keys, hash_tag
 from protocol.registry import WorkerInfo
 from runtime import tracing
-from runtime.cluster import GatedCluster, node_options
-from runtime.connections import RedisClock, blocking_client, command_client, redact, resolve
+from runtime.broker import Broker, Script, connect
+from runtime.connections import RedisClock, redact
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
 from runtime.loops import LoopCrashed, Loops
-from runtime.readconn import ReadConnection, SlotReadConnection
+from runtime.readconn import BlockingReads
 
 log = structlog.get_logger("inferq.worker")
 
@@ -77,12 +75,9 @@ class Worker:
         """Models of the repository not served, and why (serving the whole repository)."""
         self._metrics_server: MetricsServer | None = None
         self._started_ms = 0
+        self.broker: Broker | None = None
         self._redis: aioredis.Redis | None = None
-        self._blocking: aioredis.Redis | None = None
-        self._redis_settings = settings.redis
-        self.cluster = False
-        """Serving from a Redis Cluster (asked of the server at start)."""
-        self._control_reader: aioredis.Redis | None = None
+        self._control_reader: BlockingReads | None = None
         self.context: WorkerContext | None = None
         """What every part shares (built at start, once Redis is connected)."""
         self.control: ModelControl | None = None
@@ -151,7 +146,7 @@ class Worker:
             worker=self.id,
             models=list(self.slots),
             redis=redact(self.settings.redis.url),
-            cluster=self.cluster,
+            topology=self.broker.kind if self.broker is not None else None,
             max_batch={n: sl.model.max_batch for n, sl in self.slots.items()},
         )
         self.started.set()
@@ -172,13 +167,10 @@ class Worker:
 
     async def _connect(self) -> aioredis.Redis:
         s = self.settings
-        self._redis_settings = await resolve(s.redis)
-        self.cluster = bool(self._redis_settings.cluster)
-        self._redis = command_client(self._redis_settings, name=f"inferq-worker-{self.id}")
-        self._control_reader = blocking_client(
-            self._redis_settings,
-            name=f"inferq-worker-control-{self.id}",
-            block_s=s.block_ms / 1000,
+        self.broker = await connect(s.redis, name=f"inferq-worker-{self.id}")
+        self._redis = self.broker.commands
+        self._control_reader = self.broker.blocking_reads(
+            self.keys.control, name=f"inferq-worker-control-{self.id}", block_ms=s.block_ms
         )
         return self._redis
 
@@ -199,44 +191,27 @@ class Worker:
         return False
 
     def _read_groups(self) -> list[ReadGroup]:
-        """The reader's groups (see ``ReadGroup``): everything in one on one Redis; one per
-        model partition (hash tag) on a cluster, each reading from the master of its slot."""
-        s, settings = self.settings, self._redis_settings
-        assert self._redis is not None
-        block_s = s.block_ms / 1000
-        if not self.cluster:
-            self._blocking = blocking_client(
-                settings, name=f"inferq-worker-reader-{self.id}", block_s=block_s
+        """The reader's groups (see ``ReadGroup``): the streams one ``XREADGROUP`` may read
+        together (all of them on one Redis, those of one hash slot on a cluster), each on a
+        connection of its own to where they live."""
+        assert self.broker is not None
+        streams = sorted({st for slot in self.slots.values() for st in slot.streams})
+        together = self.broker.colocated(streams)
+        groups = []
+        for members in together:
+            name = "reader" if len(together) == 1 else f"reader-{hash_tag(members[0])}"
+            reads = self.broker.blocking_reads(
+                members[0], name=f"inferq-worker-reader-{self.id}", block_ms=self.settings.block_ms
             )
-            streams = frozenset(st for slot in self.slots.values() for st in slot.streams)
-            reads = ReadConnection(self._blocking, self._redis)
-            return [ReadGroup("all", streams, reads, self.loops.backoff("reader"))]
-        tagged: dict[str, set[str]] = {}
-        for slot in self.slots.values():
-            for stream in slot.streams:
-                tagged.setdefault(hash_tag(stream), set()).add(stream)
-        return [
-            ReadGroup(
-                tag,
-                frozenset(streams),
-                SlotReadConnection(
-                    cast(GatedCluster, self._redis),
-                    next(iter(streams)),
-                    name=f"inferq-worker-reader-{self.id}",
-                    socket_timeout_s=block_s + settings.socket_timeout_s,
-                    connect_timeout_s=settings.connect_timeout_s,
-                    options=node_options(settings.url),
-                ),
-                self.loops.backoff(f"reader-{tag}"),
-            )
-            for tag, streams in tagged.items()
-        ]
+            groups.append(ReadGroup(name, frozenset(members), reads, self.loops.backoff(name)))
+        return groups
 
     def _build_context(self, redis: aioredis.Redis) -> WorkerContext:
         """The writer, where every part's outcomes go, and the context every part takes."""
-        self._transition: AsyncScript = redis.register_script(TRANSITION_SCRIPT)
+        assert self.broker is not None
+        self._transition: Script = self.broker.script(TRANSITION_SCRIPT)
         self._writer = ResultWriter(
-            redis,
+            self.broker,
             self.ledger,
             metrics=self.metrics,
             job_events=self.keys.job_events,
@@ -307,7 +282,8 @@ class Worker:
         assert self.context is not None
         self._reader = Reader(self.context, redis, self._read_groups())
         self._advertiser = Advertiser(self.context, redis, self._info(), self.eviction)
-        self.reclaimer = Reclaimer(self.context, redis, self._reader)
+        assert self.broker is not None
+        self.reclaimer = Reclaimer(self.context, self.broker, self._reader)
 
     def _dispatcher(self, slot: ModelSlot) -> Dispatcher:
         assert self.context is not None and self._reader is not None
@@ -345,11 +321,11 @@ class Worker:
         await self.loops.cancel()
         if self.control is not None:
             await self.control.stop()
-        if self._redis is not None:
+        if self.broker is not None:
             with contextlib.suppress(*RETRYABLE):
                 if self._advertiser is not None:
                     await self._advertiser.withdraw()
-            await self._redis.aclose()
+            await self.broker.aclose()
         if self._reader is not None:
             for group in self._reader.groups:
                 await group.reads.aclose()

@@ -17,9 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
-from redis.commands.core import AsyncScript
 
 from consumer.ledger import Entry, Ledger
 from consumer.metrics import WorkerMetrics
@@ -29,7 +27,7 @@ from protocol.keys import DLQ_MAXLEN, GROUP, JOB_EVENTS_MAXLEN
 from protocol.messages import FIELD, JOB_EVENT_FIELD
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
-from runtime.cluster import queue_script
+from runtime.broker import Broker, Script
 from runtime.faults import RETRYABLE, TRANSIENT, Fault, classify
 from runtime.tracing import Tracer
 
@@ -55,22 +53,22 @@ class _Write:
 class ResultWriter:
     def __init__(
         self,
-        redis: aioredis.Redis,
+        broker: Broker,
         ledger: Ledger,
         *,
         job_events: str = "",
-        transition: AsyncScript | None = None,
+        transition: Script | None = None,
         metrics: WorkerMetrics | None = None,
         backoff: Backoff | None = None,
         tracer: Tracer | None = None,
         ack_delay_s: float = 0.01,
         trim_interval_s: float = TRIM_INTERVAL_S,
     ) -> None:
-        self._redis = redis
+        self._redis = broker.commands
         self._ledger = ledger
         self._job_events = job_events
         self._transition = transition
-        self._trim: AsyncScript = redis.register_script(TRIM_SCRIPT)
+        self._trim = broker.script(TRIM_SCRIPT)
         self._metrics = metrics
         self._tracer = tracer if tracer is not None and tracer.enabled else None
         self._backoff = backoff or Backoff("writer", log)
@@ -162,18 +160,17 @@ class ResultWriter:
         if not batch and not by_stream and not trims:
             return None
         try:
-            # As a context manager: redis-py keeps the connection when loading the job script
-            # fails (Redis down), unless the pipeline is reset.
+            # As a context manager: the connection goes back to the pool however this ends.
             async with self._redis.pipeline(transaction=False) as pipe:
                 for write in batch:
-                    for step, count in await self._queue_steps(pipe, write):
+                    for step, count in self._queue_steps(pipe, write):
                         steps.append((write, step, count))
                 acked_at = len(pipe)
                 for stream, ids in by_stream.items():
                     pipe.xack(stream, GROUP, *ids)
                 trimmed_at = len(pipe)
                 for stream in trims:  # after the XACKs: what they acknowledged goes too
-                    await queue_script(pipe, self._trim, [stream], [GROUP])
+                    self._trim.queue(pipe, [stream], [GROUP])
                 replies = await pipe.execute(raise_on_error=False)
         except BaseException:
             if not self._draining:
@@ -185,7 +182,7 @@ class ResultWriter:
         self._finish(batch)
         return refused
 
-    async def _queue_steps(self, pipe: Any, write: _Write) -> list[tuple[str, int]]:
+    def _queue_steps(self, pipe: Any, write: _Write) -> list[tuple[str, int]]:
         """Queue the commands of the steps this write has not done yet."""
         out, queued = write.out, []
         for step in _steps(write):
@@ -206,9 +203,7 @@ class ResultWriter:
             else:
                 assert self._transition is not None and out.job is not None
                 job = out.job
-                await queue_script(
-                    pipe, self._transition, [job.key], [job.required.value, *job.args]
-                )
+                self._transition.queue(pipe, [job.key], [job.required.value, *job.args])
                 pipe.pexpire(job.key, max(1, job.ttl_ms))
                 pipe.xadd(
                     self._job_events,

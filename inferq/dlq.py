@@ -10,6 +10,7 @@ the cause is fixed. A replayed request whose deadline has passed would only expi
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 from collections.abc import Mapping
@@ -17,13 +18,15 @@ from dataclasses import replace
 from typing import Any, cast
 
 import redis
+import redis.asyncio as aioredis
 
 from protocol import ProtocolError
 from protocol.deadline import deadline_after
 from protocol.exits import EXIT_NOT_FOUND, EXIT_OK, EXIT_REDIS
 from protocol.keys import Keys
 from protocol.messages import FIELD, DeadLetter, InferRequest
-from runtime.connections import RedisSettings, redact, resolve_sync, sync_client
+from runtime.broker import connect
+from runtime.connections import RedisSettings, redact
 from runtime.settings import connection_flags
 
 
@@ -89,46 +92,55 @@ def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
     return doc
 
 
-def _models(r: redis.Redis, keys: Keys, only: str | None) -> list[str]:
+async def _models(r: aioredis.Redis, keys: Keys, only: str | None) -> list[str]:
     if only:
         return [only]
-    found = (keys.parse_dlq(k.decode()) for k in r.scan_iter(match=keys.dlq_pattern))
+    found = [keys.parse_dlq(k.decode()) async for k in r.scan_iter(match=keys.dlq_pattern)]
     return sorted({m for m in found if m is not None})
 
 
 def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_connected(args))
+
+
+async def _connected(args: argparse.Namespace) -> int:
     keys = Keys(args.namespace)
+    settings = RedisSettings(url=args.redis_url, socket_timeout_s=10)
     try:
-        settings = resolve_sync(RedisSettings(url=args.redis_url, socket_timeout_s=10))
-        with sync_client(settings) as r:
-            return _run(r, keys, args)
+        broker = await connect(settings, name="inferq-dlq")
+        try:
+            return await _run(broker.commands, keys, args)
+        finally:
+            await broker.aclose()
     except (redis.ConnectionError, redis.TimeoutError, OSError) as e:
         print(f"inferq dlq: cannot reach Redis at {redact(args.redis_url)}: {e}", file=sys.stderr)
         return EXIT_REDIS
 
 
-def _selected(r: redis.Redis, stream: str, args: argparse.Namespace) -> list[tuple[bytes, Any]]:
+async def _selected(
+    r: aioredis.Redis, stream: str, args: argparse.Namespace
+) -> list[tuple[bytes, Any]]:
     if args.all:
-        return cast(list[tuple[bytes, Any]], r.xrange(stream))
+        return cast(list[tuple[bytes, Any]], await r.xrange(stream))
     if not args.ids:
         raise SystemExit("inferq dlq: name dead letter ids, or pass --all")
     entries = []
     for entry_id in args.ids:
-        found = cast(list[tuple[bytes, Any]], r.xrange(stream, entry_id, entry_id))
+        found = cast(list[tuple[bytes, Any]], await r.xrange(stream, entry_id, entry_id))
         if not found:
             raise SystemExit(f"inferq dlq: no dead letter {entry_id} for model {args.model}")
         entries.extend(found)
     return entries
 
 
-def _run(r: redis.Redis, keys: Keys, args: argparse.Namespace) -> int:
+async def _run(r: aioredis.Redis, keys: Keys, args: argparse.Namespace) -> int:
     if args.action == "list":
         report: dict[str, dict[str, Any]] = {}
-        for model in _models(r, keys, args.model):
+        for model in await _models(r, keys, args.model):
             stream = keys.dlq(model)
-            entries = cast(list[tuple[bytes, Any]], r.xrevrange(stream, count=args.count))
+            entries = cast(list[tuple[bytes, Any]], await r.xrevrange(stream, count=args.count))
             report[model] = {
-                "total": r.xlen(stream),
+                "total": await r.xlen(stream),
                 "entries": [_describe(i, f) for i, f in reversed(entries)],
             }
         if args.json:
@@ -144,15 +156,15 @@ def _run(r: redis.Redis, keys: Keys, args: argparse.Namespace) -> int:
         return EXIT_OK
     stream = keys.dlq(args.model)
     if args.action == "show":
-        found = cast(list[tuple[bytes, Any]], r.xrange(stream, args.id, args.id))
+        found = cast(list[tuple[bytes, Any]], await r.xrange(stream, args.id, args.id))
         if not found:
             print(f"inferq dlq: no dead letter {args.id} for model {args.model}", file=sys.stderr)
             return EXIT_NOT_FOUND
         print(json.dumps(_describe(*found[0]), indent=2))
         return EXIT_OK
-    entries = _selected(r, stream, args)
+    entries = await _selected(r, stream, args)
     if args.action == "retry":
-        now_ms = int(r.time()[0]) * 1000
+        now_ms = int((await r.time())[0]) * 1000
         replayed = 0
         for entry_id, fields in entries:
             letter = DeadLetter.from_fields(fields)
@@ -175,10 +187,10 @@ def _run(r: redis.Redis, keys: Keys, args: argparse.Namespace) -> int:
             pipe = r.pipeline(transaction=True)
             pipe.xadd(target, {FIELD: payload})
             pipe.xdel(stream, entry_id)
-            pipe.execute()
+            await pipe.execute()
             replayed += 1
         print(f"replayed {replayed} of {len(entries)} dead letter(s) for model {args.model}")
         return EXIT_OK
-    deleted = r.xdel(stream, *(i for i, _ in entries)) if entries else 0
+    deleted = await r.xdel(stream, *(i for i, _ in entries)) if entries else 0
     print(f"purged {deleted} dead letter(s) for model {args.model}")
     return EXIT_OK

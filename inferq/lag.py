@@ -302,11 +302,12 @@ def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
 
 
 async def _main(args: argparse.Namespace, out: TextIO) -> int:
-    from runtime.connections import RedisSettings, command_client, redact, resolve
+    from runtime.broker import connect
+    from runtime.connections import RedisSettings, redact
 
     keys = Keys(args.namespace)
-    settings = await resolve(RedisSettings(url=args.redis_url))
-    client = command_client(settings, name="inferq-lag")
+    broker = await connect(RedisSettings(url=args.redis_url), name="inferq-lag")
+    client = broker.commands
     estimator = DrainEstimator()
     interactive = bool(args.watch) and not args.json and out.isatty()
     refreshes = 0
@@ -348,4 +349,4 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
         print(f"inferq lag: {e}", file=sys.stderr)
         return EXIT_REDIS
     finally:
-        await client.aclose()
+        await broker.aclose()

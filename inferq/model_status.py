@@ -10,6 +10,7 @@ has gone is not shown.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
@@ -18,12 +19,14 @@ from dataclasses import dataclass
 from typing import Any, TextIO, cast
 
 import redis
+import redis.asyncio as aioredis
 
 from producer.registry import ModelEntry, merge, parse_snapshot, queue_snapshot, status_lines
 from protocol.control import LoadReport
 from protocol.exits import EXIT_NOT_FOUND, EXIT_OK, EXIT_REDIS
 from protocol.keys import Keys
-from runtime.connections import RedisSettings, redact, resolve_sync, sync_client
+from runtime.broker import connect
+from runtime.connections import RedisSettings, redact
 from runtime.settings import connection_flags
 
 
@@ -67,14 +70,14 @@ class ModelView:
         }
 
 
-def snapshot(r: redis.Redis, keys: Keys, now_ms: int | None = None) -> list[ModelView]:
+async def snapshot(r: aioredis.Redis, keys: Keys, now_ms: int | None = None) -> list[ModelView]:
     """Every known model as the gateways see it (the same reads and merge as their registry),
     with its live workers' status lines."""
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    ids = cast(list[bytes], r.zrangebyscore(keys.workers, now_ms, "+inf"))
+    ids = cast(list[bytes], await r.zrangebyscore(keys.workers, now_ms, "+inf"))
     pipe = r.pipeline(transaction=False)
     queue_snapshot(pipe, keys, ids)
-    workers, known, policies = parse_snapshot(ids, pipe.execute())
+    workers, known, policies = parse_snapshot(ids, await pipe.execute())
     entries = merge(workers, known, policies)
     names = sorted(entries)
     pipe = r.pipeline(transaction=False)
@@ -82,7 +85,7 @@ def snapshot(r: redis.Redis, keys: Keys, now_ms: int | None = None) -> list[Mode
         pipe.hgetall(keys.model_status(name))
     return [
         ModelView(name, entries[name], status_lines(raw, name, workers))
-        for name, raw in zip(names, pipe.execute(), strict=True)
+        for name, raw in zip(names, await pipe.execute(), strict=True)
     ]
 
 
@@ -168,15 +171,21 @@ def add_actions(actions: Any, environ: Mapping[str, str]) -> None:
         parser.set_defaults(models_run=run)
 
 
+async def _read(settings: RedisSettings, keys: Keys) -> list[ModelView]:
+    broker = await connect(settings, name="inferq-models")
+    try:
+        r = broker.commands
+        return await snapshot(r, keys, int((await r.time())[0]) * 1000)
+    finally:
+        await broker.aclose()
+
+
 def run(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """``inferq models list`` or ``inferq models status``; returns the exit status."""
     out = sys.stdout if out is None else out
     keys = Keys(args.namespace)
     try:
-        settings = resolve_sync(RedisSettings(url=args.redis_url))
-        with sync_client(settings) as r:
-            now_ms = int(cast(tuple[int, int], r.time())[0]) * 1000
-            views = snapshot(r, keys, now_ms)
+        views = asyncio.run(_read(RedisSettings(url=args.redis_url), keys))
     except (redis.RedisError, OSError) as e:
         print(f"inferq models: Redis at {redact(args.redis_url)} failed: {e}", file=sys.stderr)
         return EXIT_REDIS

@@ -1,8 +1,9 @@
-"""The gateway's runtime: its Redis clients and the background loops it owns.
+"""The gateway's runtime: its Redis broker and the background loops it owns.
 
-``start`` opens connections and starts the loops; ``stop`` cancels and awaits every one of them,
-fails the requests still waiting, and closes the connections. The gateway starts even when Redis
-is down: it then reports not-ready, answers inference with 503, and recovers on its own.
+``start`` connects (``_connect``), wires the parts to each other (``_build_parts``) and starts
+the loops (``_start_loops``); ``stop`` cancels and awaits every loop, fails the requests still
+waiting, and closes the connections. The gateway starts even when Redis is down: it then reports
+not-ready, answers inference with 503, and recovers on its own.
 
 Every loop survives Redis errors with backoff and tells readiness while it fails (``ready``
 answers why). A loop that ends any other way is a bug: readiness fails for good and ``on_fatal``
@@ -16,7 +17,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
 import structlog
 
 from producer.admin import ModelAdmin
@@ -31,11 +31,11 @@ from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from runtime import tracing
 from runtime.aio import cancelling
-from runtime.connections import RedisClock, blocking_client, command_client, redact, resolve
+from runtime.broker import Broker, connect
+from runtime.connections import RedisClock, redact
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE, describe
 from runtime.loops import Loops
-from runtime.resp import Endpoint, RespConnection
 from runtime.stats import StatsRefresher
 
 log = structlog.get_logger("inferq.gateway")
@@ -59,43 +59,8 @@ class Gateway:
 
     async def start(self) -> None:
         s = self.settings
-        redis_settings = await resolve(s.redis)
-        self.cluster = bool(redis_settings.cluster)
-        self.redis = command_client(redis_settings, name=f"inferq-gateway-{s.gateway_id}")
-        self.reader = blocking_client(
-            redis_settings,
-            name=f"inferq-gateway-replies-{s.gateway_id}",
-            block_s=s.reply_block_ms / 1000,
-        )
-        # One Redis: the hot path's commands go over one lean pipelining connection.
-        self.pipeline = AutoPipeline(self.redis, lean=self._lean(self.redis))
-        self.registry = ModelRegistry(
-            self.redis,
-            self.keys,
-            self.clock,
-            refresh_s=s.registry_refresh_s,
-            eviction=self.eviction,
-            backoff=self.loops.backoff("registry"),
-        )
-        self.replies = ReplyListener(
-            self.reader,
-            self.redis,
-            self.keys.replies(s.gateway_id),
-            block_ms=s.reply_block_ms,
-            ttl_s=max(60.0, 6 * s.heartbeat_s),
-            job_events=self.keys.job_events,
-            separate_job_events=self.cluster,
-            events=self.loops.backoff("job-events"),
-            reads=self.loops.backoff("replies"),
-            keepalives=self.loops.backoff("reply-keepalive"),
-            lean=self._lean(self.reader),
-        )
-        self.service = InferenceService(
-            s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
-        )
-        self.metrics.track_waiters(lambda: self.replies.waiting)
-        self.jobs = JobService(s, self.service, cluster=self.cluster)
-        self.admin = ModelAdmin(s, self.keys, self.redis, self.registry)
+        await self._connect()
+        self._build_parts()
         try:
             await self.clock.sync(self.redis)
             await self.replies.keepalive()
@@ -106,7 +71,53 @@ class Gateway:
                 error=describe(e),
             )
         await self.registry.refresh()
-        gauges = StreamGauges(
+        self._start_loops()
+        log.info(
+            "gateway started",
+            gateway=s.gateway_id,
+            redis=redact(s.redis.url),
+            topology=self.broker.kind,
+            models=sorted(self.registry.models),
+        )
+
+    async def _connect(self) -> None:
+        """The broker (``runtime.broker``: which Redis it is is asked here, once). Connections
+        open on first use, so the gateway starts while Redis is down."""
+        s = self.settings
+        self.broker: Broker = await connect(s.redis, name=f"inferq-gateway-{s.gateway_id}")
+        self.redis = self.broker.commands
+
+    def _build_parts(self) -> None:
+        """The pipeline, registry, reply listener, services and the two stats loops' owners,
+        wired to each other."""
+        s = self.settings
+        self.pipeline = AutoPipeline(self.broker)
+        self.registry = ModelRegistry(
+            self.redis,
+            self.keys,
+            self.clock,
+            refresh_s=s.registry_refresh_s,
+            eviction=self.eviction,
+            backoff=self.loops.backoff("registry"),
+        )
+        self.replies = ReplyListener(
+            self.broker,
+            self.keys.replies(s.gateway_id),
+            block_ms=s.reply_block_ms,
+            ttl_s=max(60.0, 6 * s.heartbeat_s),
+            reader_name=f"inferq-gateway-replies-{s.gateway_id}",
+            job_events=self.keys.job_events,
+            events=self.loops.backoff("job-events"),
+            reads=self.loops.backoff("replies"),
+            keepalives=self.loops.backoff("reply-keepalive"),
+        )
+        self.service = InferenceService(
+            s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
+        )
+        self.metrics.track_waiters(lambda: self.replies.waiting)
+        self.jobs = JobService(s, self.service)
+        self.admin = ModelAdmin(s, self.keys, self.redis, self.registry)
+        self._gauges = StreamGauges(
             self.metrics,
             self.redis,
             self.keys,
@@ -115,7 +126,7 @@ class Gateway:
             backoff=self.loops.backoff("stream-gauges", critical=False),
             stats=lambda: self.registry.stats,
         )
-        stats = StatsRefresher(
+        self._stats = StatsRefresher(
             self.redis,
             self.keys,
             s.gateway_id,
@@ -126,22 +137,16 @@ class Gateway:
             latest=lambda: self.registry.stats,
             publish=self.registry.accept_stats,
         )
+
+    def _start_loops(self) -> None:
+        s = self.settings
         self.loops.spawn("replies", self.replies.run())
         self.loops.spawn("reply-keepalive", self.replies.run_keepalive(s.heartbeat_s))
-        if self.cluster:
-            self.loops.spawn("job-events", self.replies.run_job_events())
         self.loops.spawn("registry", self.registry.run())
         self.loops.spawn("clock", self._resync_clock())
-        self.loops.spawn("stream-gauges", gauges.run())
-        self.loops.spawn("stats", stats.run())
+        self.loops.spawn("stream-gauges", self._gauges.run())
+        self.loops.spawn("stats", self._stats.run())
         self.metrics.runtime.track_loops(self.loops.health)
-        log.info(
-            "gateway started",
-            gateway=s.gateway_id,
-            redis=redact(s.redis.url),
-            cluster=self.cluster,
-            models=sorted(self.registry.models),
-        )
 
     async def stop(self) -> None:
         await self.loops.cancel()
@@ -150,15 +155,8 @@ class Gateway:
         await self.replies.close()
         with contextlib.suppress(*RETRYABLE):
             await self.redis.delete(self.replies.key)
-        await self.reader.aclose()
-        await self.redis.aclose()
+        await self.broker.aclose()
         log.info("gateway stopped", gateway=self.settings.gateway_id)
-
-    def _lean(self, client: aioredis.Redis) -> RespConnection | None:
-        """A lean connection set up as ``client``'s are (one Redis only; a cluster client
-        routes by slot, which it does not)."""
-        endpoint = None if self.cluster else Endpoint.of(client)
-        return RespConnection(endpoint) if endpoint is not None else None
 
     async def ready(self) -> tuple[bool, list[str]]:
         """Ready when Redis answers, no request-path loop is down or failing (the reply

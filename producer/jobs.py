@@ -20,7 +20,6 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import structlog
-from redis.commands.core import AsyncScript
 
 from producer.errors import (
     BadRequest,
@@ -55,7 +54,6 @@ from protocol.jobs import (
 )
 from protocol.keys import JOB_EVENTS_MAXLEN, Lane, idempotency_tag_bytes
 from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
-from runtime.cluster import queue_script
 from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.gateway")
@@ -107,22 +105,19 @@ def iso(ms: int) -> str | None:
 
 
 class JobService:
-    def __init__(
-        self, settings: GatewaySettings, inference: InferenceService, *, cluster: bool = False
-    ) -> None:
+    def __init__(self, settings: GatewaySettings, inference: InferenceService) -> None:
         self.settings = settings
         self.inference = inference
         self.keys = inference.keys
         self.registry = inference.registry
         self.replies = inference.replies
         self.clock = inference.clock
-        self._redis = inference.pipeline.redis
-        self._transition: AsyncScript = self._redis.register_script(TRANSITION_SCRIPT)
-        self._submit: AsyncScript = self._redis.register_script(SUBMIT_SCRIPT)
-        self._reserve: AsyncScript = self._redis.register_script(RESERVE_SCRIPT)
-        self._undo: AsyncScript = self._redis.register_script(UNDO_SCRIPT)
-        self.cluster = cluster
-        """A Redis Cluster: a submission is two steps (see ``_enqueue``)."""
+        self._broker = inference.pipeline.broker
+        self._redis = self._broker.commands
+        self._transition = self._broker.script(TRANSITION_SCRIPT)
+        self._submit = self._broker.script(SUBMIT_SCRIPT)
+        self._reserve = self._broker.script(RESERVE_SCRIPT)
+        self._undo = self._broker.script(UNDO_SCRIPT)
         self.terms = job_terms(settings)
 
     async def submit(
@@ -222,44 +217,41 @@ class JobService:
         """Write the record, enqueue the job and claim the key. None when queued; else the
         value of the key, which names an earlier job.
 
-        One Redis: one atomic step (``SUBMIT_SCRIPT``). A Redis Cluster keeps the request stream
-        in another slot than the record and the key, which one script cannot reach together:
-        there the record and the key are written first, atomically (``RESERVE_SCRIPT``), the
-        request is queued second, and if that fails both are taken back (``UNDO_SCRIPT``), so a
-        job that was never queued is not shown for long. A replay arriving between the two
-        steps gets the job that the first step is about to queue.
+        Where one script may reach the record, the key and the request stream (one Redis), one
+        atomic step (``SUBMIT_SCRIPT``). A Redis Cluster keeps the stream in another slot than
+        the record and the key: there the record and the key are written first, atomically
+        (``RESERVE_SCRIPT``), the request is queued second, and if that fails both are taken
+        back (``UNDO_SCRIPT``), so a job that was never queued is not shown for long. A replay
+        arriving between the two steps gets the job that the first step is about to queue.
 
-        Under ``--job-durability replicated`` each step ends with ``WAIT 1`` on the connection
-        (and node) that wrote it: the job is accepted only once a replica has all of it."""
+        Under ``--job-durability replicated`` each step ends with ``WAIT 1`` on the node that
+        wrote it: the job is accepted only once a replica has all of it."""
         key = self.keys.job(record.id)
         stream = self.keys.stream(
             record.model, lane, self.inference.partition(record.model, self._partitions(record))
         )
         fields = [item for pair in record.to_fields().items() for item in pair]
         replicated = self.settings.job_durability == "replicated"
-        if not self.cluster:
-            keys = [key, stream, *([idem] if idem is not None else [])]
+        keys = [key, *([idem] if idem is not None else [])]
+        if len(self._broker.colocated([*keys, stream])) == 1:
             pipe = self._redis.pipeline(transaction=False)
-            await queue_script(
+            self._submit.queue(
                 pipe,
-                self._submit,
-                keys,
+                [key, stream, *keys[1:]],
                 [ttl_ms, FIELD, request.encode(), value, replacing, *fields],
             )
             if replicated:
-                pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms)
+                await self._wait_on(pipe, key)
             replies = await pipe.execute()
-            reply = replies[0]
-            if reply[0] != 0:
-                return cast(bytes, reply[1])
+            if replies[0][0] != 0:
+                return cast(bytes, replies[0][1])
             if replicated:
                 await self._confirmed(record, [replies[-1]])
             return None
-        keys = [key, *([idem] if idem is not None else [])]
         pipe = self._redis.pipeline(transaction=False)
-        await queue_script(pipe, self._reserve, keys, [ttl_ms, value, replacing, *fields])
+        self._reserve.queue(pipe, keys, [ttl_ms, value, replacing, *fields])
         if replicated:
-            self._wait_on(pipe, key)
+            await self._wait_on(pipe, key)
         reserved = await pipe.execute()
         if reserved[0][0] != 0:
             return cast(bytes, reserved[0][1])
@@ -267,7 +259,7 @@ class JobService:
             pipe = self._redis.pipeline(transaction=False)
             pipe.xadd(stream, {FIELD: request.encode()})
             if replicated:
-                self._wait_on(pipe, stream)
+                await self._wait_on(pipe, stream)
             queued = await pipe.execute()
         except RETRYABLE:
             with contextlib.suppress(*RETRYABLE):
@@ -281,11 +273,10 @@ class JobService:
         entry = self.registry.models.get(record.model)
         return entry.metadata.partitions if entry is not None else 1
 
-    def _wait_on(self, pipe: Any, key: str) -> None:
-        """Queue ``WAIT 1`` on the node that owns ``key`` (a cluster pipeline runs each node's
-        commands in order on one connection, so it covers the writes before it)."""
-        node = self._redis.get_node_from_key(key)  # type: ignore[attr-defined]
-        pipe.execute_command("WAIT", 1, self.settings.job_replica_wait_ms, target_nodes=node)
+    async def _wait_on(self, pipe: Any, key: str) -> None:
+        """Queue ``WAIT 1`` on the node that owns ``key``: it covers the writes before it."""
+        wait_ms = self.settings.job_replica_wait_ms
+        await self._broker.queue_wait(pipe, key, replicas=1, timeout_ms=wait_ms)
 
     async def _confirmed(self, record: JobRecord, acks: list[Any]) -> None:
         """Every WAIT saw a replica; or the job is cancelled (so it never runs) and refused."""

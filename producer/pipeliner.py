@@ -4,11 +4,8 @@ Thousands of concurrent requests each need one or two short commands (GET the ca
 request). Sent one by one they would each take a pooled connection and a round trip; here they
 queue, and a flusher sends everything queued as one pipeline on one connection. While a pipeline
 is in flight the next batch accumulates, so under load each round trip carries many commands,
-and the number of connections is bounded by ``max_in_flight`` whatever the concurrency.
-
-On one Redis the batches go over ``runtime.resp.RespConnection`` (one lean connection that
-pipelines batch after batch); on a cluster, and for commands with redis-py options, over a
-redis-py pipeline, which routes each command to its slot's node.
+and the number of round trips in flight is bounded by ``max_in_flight`` whatever the
+concurrency. Each batch goes out as one ``Broker.batch``.
 """
 
 from __future__ import annotations
@@ -16,39 +13,30 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import redis.asyncio as aioredis
+from runtime.broker import Broker
 
-from runtime.resp import RespConnection
+_Queued = tuple[tuple[Any, ...], asyncio.Future[Any]]
 
 
 class AutoPipeline:
-    def __init__(
-        self,
-        redis: aioredis.Redis,
-        *,
-        lean: RespConnection | None = None,
-        max_in_flight: int = 2,
-        max_batch: int = 512,
-    ) -> None:
-        self.redis = redis
-        self._redis = redis
-        self._lean = lean
-        self._queue: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]] = []
+    def __init__(self, broker: Broker, *, max_in_flight: int = 2, max_batch: int = 512) -> None:
+        self.broker = broker
+        self._queue: list[_Queued] = []
         self._slots = asyncio.Semaphore(max_in_flight)
         self._max_batch = max_batch
         self._scheduled = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.round_trips = 0
 
-    async def execute(self, *args: Any, **options: Any) -> Any:
+    async def execute(self, *args: Any) -> Any:
         """Queue one command and wait for its reply (an error reply raises)."""
-        return await self.submit(*args, **options)
+        return await self.submit(*args)
 
-    def submit(self, *args: Any, **options: Any) -> asyncio.Future[Any]:
+    def submit(self, *args: Any) -> asyncio.Future[Any]:
         """Queue one command without waiting: its reply, or error, lands on the future. For
         writes nobody waits on (from a callback, or a task being cancelled)."""
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue.append((args, options, future))
+        self._queue.append((args, future))
         if not self._scheduled:
             self._schedule()
         return future
@@ -71,20 +59,18 @@ class AutoPipeline:
         if self._queue and not self._scheduled:
             self._schedule()
 
-    async def _send(
-        self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
-    ) -> None:
+    async def _send(self, batch: list[_Queued]) -> None:
         try:
             self.round_trips += 1
-            replies = await self._replies(batch)
+            replies = await self.broker.batch([args for args, _ in batch])
         except BaseException as e:
-            for _, _, future in batch:
+            for _, future in batch:
                 if not future.done():
                     future.set_exception(e if isinstance(e, Exception) else ConnectionError(str(e)))
             if not isinstance(e, Exception):
                 raise
             return
-        for (_, _, future), reply in zip(batch, replies, strict=True):
+        for (_, future), reply in zip(batch, replies, strict=True):
             if future.done():
                 continue
             if isinstance(reply, Exception):
@@ -92,20 +78,8 @@ class AutoPipeline:
             else:
                 future.set_result(reply)
 
-    async def _replies(
-        self, batch: list[tuple[tuple[Any, ...], dict[str, Any], asyncio.Future[Any]]]
-    ) -> list[Any]:
-        if self._lean is not None and not any(options for _, options, _ in batch):
-            return await self._lean.execute([args for args, _, _ in batch])
-        pipe = self._redis.pipeline(transaction=False)
-        for args, options, _ in batch:
-            pipe.execute_command(*args, **options)
-        replies: list[Any] = await pipe.execute(raise_on_error=False)
-        return replies
-
     async def close(self) -> None:
+        """Cancel the batches in flight (the broker's owner closes the broker)."""
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._lean is not None:
-            await self._lean.close()

@@ -1,15 +1,13 @@
 """Results come back to the gateway on one reply stream per gateway process.
 
 Workers ``XADD`` each result to the stream named in the request; one listener task per gateway
-reads it with a blocking ``XREAD`` on a dedicated connection and resolves the waiting request's
-future. Waiting requests hold no Redis connection: 10,000 waiters cost 10,000 futures and one
-connection (on one Redis, ``runtime.resp``'s lean connection: at concurrency 1 this read is
-one round trip per request, and redis-py's client cost more than the rest of the gateway's Redis
-work together). The listener remembers the last id it read, so after a reconnect it continues where
-it stopped and no result is lost; it trims what it has read (``XTRIM MINID``, every thousand
-entries or second, in the same round trip as a read). The stream carries a TTL that the gateway
-refreshes; workers write with ``NOMKSTREAM``, so the stream of a gateway that died expires and is
-not recreated.
+reads it with a blocking ``XREAD`` on a connection of its own (``Broker.blocking_reads``) and
+resolves the waiting request's future. Waiting requests hold no Redis connection: 10,000 waiters
+cost 10,000 futures and one connection. The listener remembers the last id it read, so after a
+reconnect it continues where it stopped and no result is lost; it trims what it has read
+(``XTRIM MINID``, every thousand entries or second, in the same round trip as a read). The
+stream carries a TTL that the gateway refreshes; workers write with ``NOMKSTREAM``, so the
+stream of a gateway that died expires and is not recreated.
 
 Both loops (the listener and the keepalive) survive every Redis error with backoff, and report
 their health to readiness. The keepalive notices when the stream it keeps alive has vanished
@@ -19,18 +17,17 @@ are stored and failing those Redis lost. Every keepalive also sweeps, so request
 vanished from a request stream are failed within two heartbeats rather than at their deadline.
 
 Job events (``Keys.job_events``, which every gateway reads to wake its long polls) ride in the
-same ``XREAD`` on one Redis. On a Redis Cluster the two streams sit in different slots, which one
-command cannot read together, so ``run_job_events`` reads them in a second loop (a second
-blocking connection per gateway: still O(1)).
+same ``XREAD`` where one command may read both streams; where it may not (a Redis Cluster puts
+them in different slots) the listener reads them in a second loop, on a second connection:
+still O(1).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, cast
+from typing import Any
 
-import redis.asyncio as aioredis
 import structlog
 
 from producer.errors import ServiceUnavailable
@@ -41,8 +38,9 @@ from protocol.keys import next_id, text
 from protocol.messages import FIELD, JOB_EVENT_FIELD, KEEPALIVE_FIELD, InferResult
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
+from runtime.broker import Broker
 from runtime.faults import RETRYABLE
-from runtime.resp import RespConnection
+from runtime.readconn import BlockingReads, recover
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -55,33 +53,26 @@ LOST = (
 )
 
 
-def _pairs(flat: list[Any]) -> dict[Any, Any]:
-    """A stream entry's fields as RESP sends them (name, value, name, value...), as a dict."""
-    it = iter(flat)
-    return dict(zip(it, it, strict=True))
-
-
 class ReplyListener:
     def __init__(
         self,
-        reader: aioredis.Redis,
-        commands: aioredis.Redis,
+        broker: Broker,
         key: str,
         *,
         block_ms: int,
         ttl_s: float,
+        reader_name: str = "inferq-gateway-replies",
         job_events: str | None = None,
-        separate_job_events: bool = False,
         count: int = 1000,
         reads: Backoff | None = None,
         keepalives: Backoff | None = None,
         events: Backoff | None = None,
-        lean: RespConnection | None = None,
     ) -> None:
-        self._reader = reader
-        self._lean = lean
-        """Reads (and trims) over this connection instead of ``reader``'s, when given."""
-        self._commands = commands
+        self._broker = broker
+        self._commands = broker.commands
+        self._reader_name = reader_name
+        """The client name of the read connections."""
+        self._connections: list[BlockingReads] = []
         self.key = key
         self._block_ms = block_ms
         self._ttl_ms = int(ttl_s * 1000)
@@ -92,8 +83,6 @@ class ReplyListener:
         self._made = False
         """Whether this listener's stream has existed (so a missing one means it was lost)."""
         self.job_events = job_events
-        self.separate_job_events = separate_job_events
-        """Read job events in ``run_job_events`` instead of with the replies (a cluster)."""
         self._events_id: str | None = None
         self._job_waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._reads = reads or Backoff("replies", log)
@@ -185,34 +174,48 @@ class ReplyListener:
     # -- the listener ----------------------------------------------------------------------
 
     async def run(self) -> None:
+        """Read the reply stream and the job events: one loop, or one for each where one command
+        may not read both (see the module docstring)."""
+        streams = [self.key, *([self.job_events] if self.job_events else [])]
+        await asyncio.gather(*(self._listen(group) for group in self._broker.colocated(streams)))
+
+    async def _listen(self, group: list[str]) -> None:
+        replies = self.key in group
+        backoff = self._reads if replies else self._events
+        reads = self._broker.blocking_reads(
+            group[0], name=self._reader_name, block_ms=self._block_ms
+        )
+        self._connections.append(reads)
         unread_trimmed = 0
         last_trim = time.monotonic()
         reconnected = False
         while not cancelling():
+            streams = self._positions(group)
+            if not streams:
+                # The first keepalive finds where job events start; until then nothing to read.
+                await asyncio.sleep(EVENTS_START_POLL_S)
+                continue
             # Trim what has been read, but only every TRIM_EVERY entries or TRIM_INTERVAL_S:
             # one XTRIM per read would be a Redis command per few requests for no benefit.
-            trim = unread_trimmed >= TRIM_EVERY or (
-                unread_trimmed and time.monotonic() - last_trim >= TRIM_INTERVAL_S
+            trim = replies and (
+                unread_trimmed >= TRIM_EVERY
+                or (unread_trimmed > 0 and time.monotonic() - last_trim >= TRIM_INTERVAL_S)
             )
             try:
-                if reconnected:
+                if reconnected and replies:
                     # Redis may have come back empty: recreate the reply stream before anything
                     # is queued, or workers (writing with NOMKSTREAM) would drop replies.
                     await self.keepalive()
-                    reconnected = False
-                streams = {self.key: self._last_id}
-                if (
-                    self.job_events is not None
-                    and self._events_id is not None
-                    and not self.separate_job_events
-                ):
-                    streams[self.job_events] = self._events_id
-                read = await self._read(streams, bool(trim))
+                reconnected = False
+                before = [("XTRIM", self.key, "MINID", next_id(self._last_id))] if trim else []
+                read = await reads.xread(
+                    streams, count=self._count, block_ms=self._block_ms, before=before
+                )
             except RETRYABLE as e:
                 reconnected = True
-                await self._reads.failed(e)
+                await recover(reads, e, backoff)
                 continue
-            self._reads.succeeded()
+            backoff.succeeded()
             if trim:
                 unread_trimmed, last_trim = 0, time.monotonic()
             for stream, entries in read:
@@ -226,51 +229,12 @@ class ReplyListener:
                     unread_trimmed += 1
                     self._resolve(fields)
 
-    async def _read(self, streams: dict[str, str], trim: bool) -> list[tuple[Any, list[Any]]]:
-        """One blocking ``XREAD`` of ``streams`` (after an ``XTRIM`` of what was read, when
-        ``trim``): [(stream, [(entry id, fields as a dict)])]."""
-        if self._lean is None:
-            pipe = self._reader.pipeline(transaction=False)
-            if trim:
-                pipe.xtrim(self.key, minid=next_id(self._last_id), approximate=False)
-            pipe.xread(cast(Any, streams), count=self._count, block=self._block_ms)
-            replies = await pipe.execute()
-            return list(replies[-1] or [])
-        commands: list[tuple[Any, ...]] = []
-        if trim:
-            commands.append(("XTRIM", self.key, "MINID", next_id(self._last_id)))
-        names, ids = list(streams), list(streams.values())
-        commands.append(
-            ("XREAD", "COUNT", self._count, "BLOCK", self._block_ms, "STREAMS", *names, *ids)
-        )
-        replies = await self._lean.execute(commands)
-        for reply in replies:
-            if isinstance(reply, Exception):
-                raise reply  # as redis-py's pipeline raises the first error reply
-        return [
-            (stream, [(entry_id, _pairs(flat)) for entry_id, flat in entries])
-            for stream, entries in replies[-1] or []
-        ]
-
-    async def run_job_events(self) -> None:
-        """Read the job events stream alone (on a cluster; see the module docstring)."""
-        while not cancelling() and self.job_events is not None:
-            if self._events_id is None:
-                # The first keepalive finds where to start; until then there is nothing to read.
-                await asyncio.sleep(EVENTS_START_POLL_S)
-                continue
-            try:
-                reply: Any = await self._reader.xread(
-                    {self.job_events: self._events_id}, count=self._count, block=self._block_ms
-                )
-            except RETRYABLE as e:
-                await self._events.failed(e)
-                continue
-            self._events.succeeded()
-            for _, entries in reply or []:
-                self._events_id = text(entries[-1][0])
-                for _, fields in entries:
-                    self._job_changed(fields)
+    def _positions(self, group: list[str]) -> dict[str, str]:
+        """The streams of ``group`` to read now, each from where the listener stopped."""
+        streams = {self.key: self._last_id} if self.key in group else {}
+        if self.job_events in group and self._events_id is not None:
+            streams[self.job_events] = self._events_id
+        return streams
 
     def _job_changed(self, fields: dict[Any, Any]) -> None:
         job_id = fields.get(JOB_EVENT_FIELD)
@@ -294,9 +258,10 @@ class ReplyListener:
             waiter.resolve(result)
 
     async def close(self) -> None:
-        """Close the lean connection, if reads use one (the loops are stopped first)."""
-        if self._lean is not None:
-            await self._lean.close()
+        """Close the read connections (the loops are stopped first)."""
+        for reads in self._connections:
+            await reads.aclose()
+        self._connections.clear()
 
     def fail_all(self, error: Exception) -> None:
         """Fail every waiting request (the gateway is stopping)."""

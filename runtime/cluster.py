@@ -1,20 +1,10 @@
-"""Redis Cluster: seed lists, detecting cluster mode, and cluster clients with inferq's policy.
+"""Redis Cluster: seed lists, and redis-py's cluster client with inferq's policy.
 
 ``--redis`` names one node or several (``redis://[user:pass@]h1:p1,h2:p2,h3:p3[/0][?opts]``, or
-comma-separated full URLs). Whether that is a Redis Cluster is asked of the server
-(``INFO cluster``, ``cluster_enabled:1``): nothing new to configure.
-
-A cluster client here keeps the same policy as a single-node one (``runtime.connections``):
-- **No automatic retry** of a command that may have reached Redis (a retried XADD would enqueue
-  twice). ``MOVED`` and ``ASK`` are followed (the command did not run where it was sent), and a
-  connection error marks the slot table stale, so the next command re-reads the topology
-  (``CLUSTER SLOTS``) and reaches the promoted replica after a failover.
-- **A bounded number of connections.** redis-py's cluster client opens a connection per
-  concurrent command and node and fails with ``MaxConnectionsError`` past its cap; this one
-  makes callers queue for one of ``pool_size`` slots instead (a pipeline takes one slot and at
-  most one connection per node), so connections stay O(nodes), whatever the concurrency.
-- ``reinitialize_steps=0``: a ``MOVED`` patches that slot instead of closing every connection
-  of the client (which would also cut blocking reads of other tasks short).
+comma-separated full URLs). The client retries nothing that may have reached Redis, queues its
+callers for one of ``pool_size`` slots (connections stay O(nodes)), follows MOVED and ASK, and
+reports a topology in flux as a ConnectionError. What here leans on redis-py's internals says so,
+with the version it was written against (ARCHITECTURE.md, "One face for Redis").
 """
 
 from __future__ import annotations
@@ -28,11 +18,8 @@ from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
 
-import redis
-import redis.asyncio as aioredis
-import redis.cluster
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
-from redis.asyncio.connection import parse_url
+from redis.asyncio.connection import Connection, SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
@@ -40,7 +27,6 @@ from redis.exceptions import (
     AskError,
     ClusterDownError,
     RedisClusterException,
-    RedisError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -94,44 +80,6 @@ def parse_seeds(url: str) -> Seeds:
     return Seeds(tuple(urls), tuple(hosts), options)
 
 
-def _cluster_enabled(info: Any) -> bool:
-    return bool(isinstance(info, dict) and int(info.get("cluster_enabled", 0)))
-
-
-async def detect_cluster(url: str, *, timeout_s: float) -> bool | None:
-    """Whether the Redis at ``url`` is a Redis Cluster node; None when no seed answers. Several
-    seeds can only mean a cluster, but the first that answers is asked all the same."""
-    for seed in seed_urls(url):
-        client = aioredis.Redis.from_url(
-            seed,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 0),
-        )
-        try:
-            return _cluster_enabled(await client.info("cluster"))
-        except (RedisError, OSError):
-            continue
-        finally:
-            await client.aclose()
-    return None
-
-
-def detect_cluster_sync(url: str, *, timeout_s: float) -> bool | None:
-    """``detect_cluster`` for the synchronous command-line tools."""
-    for seed in seed_urls(url):
-        client = redis.Redis.from_url(
-            seed, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
-        )
-        try:
-            return _cluster_enabled(client.info("cluster"))
-        except (RedisError, OSError):
-            continue
-        finally:
-            client.close()
-    return None
-
-
 TRANSIENT_CLUSTER_ERRORS = (RedisClusterException, ClusterDownError, TryAgainError, AskError)
 """What a cluster says while its topology changes: no node covers a slot, CLUSTERDOWN, TRYAGAIN,
 or a redirect still outstanding after redis-py followed it. Not all of these are ``RedisError``
@@ -139,15 +87,17 @@ or a redirect still outstanding after redis-py followed it. Not all of these are
 
 
 def torn_connection(error: BaseException) -> bool:
-    """redis-py 8's asyncio cluster client can raise ``AttributeError: 'NoneType' object has no
-    attribute 'writelines'`` (or ``read...``) when a node's connection is torn down by one
-    caller while another is still sending on it, which is what a master dying under load does.
+    """redis-py 8 (written against 8.1.0): its asyncio cluster client can raise
+    ``AttributeError: 'NoneType' object has no attribute 'writelines'`` (or ``read...``) when a
+    node's connection is torn down by one caller while another is still sending on it, which is
+    what a master dying under load does.
     It means the connection was lost, nothing else: only that shape is recognised, so a bug of
     ours that raises AttributeError still surfaces as itself."""
     if not isinstance(error, AttributeError) or "'NoneType' object has no attribute" not in str(
         error
     ):
         return False
+    # The innermost frame's file name tells redis-py's own code from ours: nothing else marks it.
     tb = error.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
@@ -197,6 +147,7 @@ class GatedPipeline(ClusterPipeline):
     made with ``transaction=True`` over one slot) that waits for a slot of its client's gate."""
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> Any:
+        # redis-py 8.1.0: ``cluster_client`` is the pipeline's (undocumented) client attribute.
         client = cast(GatedCluster, self.cluster_client)
         gate: _Gate = client._inferq_gate
         parent = cast(Any, super())
@@ -250,10 +201,10 @@ class GatedCluster(RedisCluster):
             self._inferq_refreshed = time.monotonic()
             with contextlib.suppress(Exception):
                 await self.nodes_manager.initialize()
-                # redis-py finds the keys of XREAD and XREADGROUP with COMMAND GETKEYS on one
-                # node, chosen when the client initialised; only its own full re-initialisation
-                # (after a plain command's connection error, never a pipeline's) moves it. A
-                # pipeline would otherwise ask a dead master forever.
+                # redis-py 8.1.0 (private): it finds the keys of a command with movable keys
+                # by COMMAND GETKEYS on one node, chosen when the client initialised; only its
+                # own full re-initialisation (after a plain command's connection error, never a
+                # pipeline's) moves it. A pipeline would otherwise ask a dead master forever.
                 self.commands_parser.node = self.nodes_manager.default_node
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
@@ -279,23 +230,26 @@ class GatedCluster(RedisCluster):
 
         return await self._inferq_gate.run(call)
 
-    async def _determine_slot(self, command: str, *args: Any) -> int:
-        # redis-py finds the keys of XREAD and XREADGROUP (whose key positions move) by asking a
-        # node COMMAND GETKEYS: one more round trip for every read of a reply stream. Their keys
-        # follow STREAMS, and one command's keys share a slot, so the first one says where.
-        if str(command).upper() in ("XREAD", "XREADGROUP"):
-            for i, arg in enumerate(args):
-                word = arg.decode() if isinstance(arg, bytes) else str(arg)
-                if word.upper() == "STREAMS" and i + 1 < len(args):
-                    key = args[i + 1]
-                    return key_slot(key if isinstance(key, bytes) else str(key).encode())
-        slot: int = await super()._determine_slot(command, *args)
-        return slot
-
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> Any:
         if shard_hint:
             raise ValueError("shard_hint is not supported on a cluster")
         return GatedPipeline(self, transaction)  # type: ignore[abstract]
+
+
+def _node_options(url: str) -> dict[str, Any]:
+    """Connection keyword arguments every node of the cluster at ``url`` shares (credentials,
+    TLS), without host, port, database or connection class."""
+    options = dict(parse_seeds(url).options)
+    options.pop("db", None)  # a cluster has only database 0; redis-py refuses any other
+    options.pop("connection_class", None)
+    return options
+
+
+def node_connection(url: str) -> tuple[type[Connection], dict[str, Any]]:
+    """How to open a connection of one's own to a node of the cluster at ``url``: redis-py's
+    connection class (TLS or not) and its keyword arguments, host and port left out."""
+    kind = parse_seeds(url).options.get("connection_class", Connection)
+    return kind, _node_options(url)
 
 
 def cluster_client(
@@ -307,55 +261,22 @@ def cluster_client(
     pool_size: int,
 ) -> GatedCluster:
     """An asyncio Redis Cluster client with inferq's policy (see the module docstring)."""
-    seeds = parse_seeds(url)
-    options = dict(seeds.options)
-    options.pop("db", None)  # a cluster has only database 0; redis-py refuses any other
-    if options.pop("connection_class", None) is not None:
+    kind, options = node_connection(url)
+    if issubclass(kind, SSLConnection):
         options["ssl"] = True
     return GatedCluster(
-        startup_nodes=[ClusterNode(h, p) for h, p in seeds.hosts],
+        startup_nodes=[ClusterNode(h, p) for h, p in parse_seeds(url).hosts],
         pool_size=pool_size,
         # Per node: the gate keeps it at pool_size; the margin covers redirected commands of a
         # pipeline re-sent while its slot is held.
         max_connections=2 * pool_size + 2,
         retry=Retry(NoBackoff(), 0),
-        reinitialize_steps=0,
+        reinitialize_steps=0,  # a MOVED patches its slot instead of closing every connection
         socket_timeout=socket_timeout_s,
         socket_connect_timeout=connect_timeout_s,
         client_name=name,
         **options,
     )
-
-
-def sync_cluster_client(url: str, *, socket_timeout_s: float) -> redis.cluster.RedisCluster:
-    """A synchronous cluster client for the command-line tools (``inferq dlq``, ``models``)."""
-    seeds = parse_seeds(url)
-    options = dict(seeds.options)
-    options.pop("db", None)
-    if options.pop("connection_class", None) is not None:
-        options["ssl"] = True
-    return redis.cluster.RedisCluster(
-        startup_nodes=[
-            redis.cluster.ClusterNode(h, p)  # type: ignore[no-untyped-call]
-            for h, p in seeds.hosts
-        ],
-        retry=redis.retry.Retry(NoBackoff(), 0),
-        socket_timeout=socket_timeout_s,
-        **options,
-    )
-
-
-def node_options(url: str) -> dict[str, Any]:
-    """Connection keyword arguments (credentials, TLS) for a client of one node of the
-    cluster at ``url``, without host, port or database."""
-    options = dict(parse_seeds(url).options)
-    options.pop("db", None)
-    return options
-
-
-def slot_owner(client: RedisCluster, key: str) -> ClusterNode:
-    """The master that, as far as ``client`` knows, owns ``key``'s slot."""
-    return client.nodes_manager.get_node_from_slot(key_slot(key.encode()))
 
 
 def group_by_slot(keys: Sequence[str]) -> dict[int, list[str]]:
@@ -364,32 +285,3 @@ def group_by_slot(keys: Sequence[str]) -> dict[int, list[str]]:
     for key in keys:
         groups.setdefault(key_slot(key.encode()), []).append(key)
     return groups
-
-
-async def queue_script(pipe: Any, script: Any, keys: Sequence[Any], args: Sequence[Any]) -> None:
-    """Queue a registered Lua script (``register_script``) on a pipeline of either kind. redis-py
-    refuses EVALSHA in a cluster pipeline (it cannot load the script on every node first), so a
-    cluster pipeline gets EVAL with the script's text; Redis caches it all the same."""
-    if isinstance(pipe, ClusterPipeline):
-        pipe.execute_command("EVAL", script.script, len(keys), *keys, *args)
-    else:
-        await script(keys=list(keys), args=list(args), client=pipe)
-
-
-async def script_per_slot(
-    client: Any, script: Any, keys: Sequence[str], args: Sequence[Any]
-) -> list[Any]:
-    """Run a registered script whose reply is one item per key over ``keys``: in one call on
-    one Redis; on a cluster in one call per slot (a script may only touch keys of one slot),
-    pipelined, replies put back in the order of ``keys``."""
-    if not isinstance(client, RedisCluster):
-        return list(await script(keys=list(keys), args=list(args)))
-    groups = group_by_slot(keys)
-    pipe = client.pipeline(transaction=False)
-    for members in groups.values():
-        await queue_script(pipe, script, members, args)
-    replies = iter(zip(groups.values(), await pipe.execute(), strict=True))
-    by_key: dict[str, Any] = {}
-    for members, reply in replies:
-        by_key.update(zip(members, reply, strict=True))
-    return [by_key[k] for k in keys]

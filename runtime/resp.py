@@ -1,21 +1,16 @@
-"""A lean, pipelining Redis connection for the gateway's hot path (one Redis, not a cluster).
+"""A lean, pipelining Redis connection: one node, RESP2, batches of commands in flight together.
 
-Every request the gateway serves costs it an XADD (and a GET when the cache is on), sent through
-``producer.pipeliner.AutoPipeline``. Sent as a redis-py pipeline, each round trip paid a pool
-checkout under ``asyncio.timeout``, command packing in Python, an ``asyncio.StreamWriter`` write
-and a reading coroutine: at thousands of requests a second, the gateway's largest cost after
-HTTP itself (BENCHMARKS.md, issue #14). This connection is an ``asyncio.Protocol``: hiredis packs
-the commands (C), a batch goes out in one ``transport.write``, hiredis parses replies as bytes
-arrive, and each batch's future gets its replies in order. Batches do not wait for each other:
-the next is written while earlier ones are in flight (Redis answers in order), so one
-connection carries the whole gateway.
+``runtime.broker`` sends the gateway's hot path (``AutoPipeline``'s batches on one Redis) and
+every blocking stream read over it: hiredis packs and parses in C, a batch goes out in one
+``transport.write``, and the next batch is written while earlier ones are in flight, where a
+redis-py pipeline pays a pool checkout, Python packing and a reading coroutine per round trip
+(ARCHITECTURE.md, "One face for Redis").
 
-It is set up as redis-py sets up its own connections, from the same client's settings: host,
-port, TLS context (``rediss://``), AUTH user and password, database and client name. Error
-replies become redis-py's exception classes, so ``runtime.faults`` classifies them alike. A
-connection that breaks, or whose oldest unanswered batch has waited longer than the socket
-timeout, fails every batch in flight (``ConnectionError``, ``TimeoutError``) and is replaced by
-the next batch. No command is ever sent twice.
+It is set up as redis-py sets up its connections (``Endpoint``: TCP, TLS or a Unix socket, AUTH,
+database, client name) and asks its ``CLIENT ID``. Error replies are redis-py's exception
+classes, returned in place, not raised. A connection that breaks, or whose oldest batch waited
+longer than the reply timeout, fails every batch in flight (``ConnectionError``,
+``TimeoutError``) and is replaced by the next batch. No command is ever sent twice.
 """
 
 from __future__ import annotations
@@ -30,7 +25,7 @@ from typing import Any, cast
 import hiredis
 import redis.asyncio as aioredis
 from redis._parsers import BaseParser
-from redis.asyncio.connection import Connection, SSLConnection
+from redis.asyncio.connection import AbstractConnection, SSLConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -43,6 +38,8 @@ class Endpoint:
 
     host: str
     port: int
+    path: str | None = None
+    """A Unix socket (``unix://`` URLs) instead of host and port."""
     ssl: ssl.SSLContext | None = None
     username: str | None = None
     password: str | None = None
@@ -52,21 +49,27 @@ class Endpoint:
     reply_timeout_s: float = 5.0
 
     @classmethod
-    def of(cls, client: aioredis.Redis) -> Endpoint | None:
-        """The endpoint of ``client``'s connections; None for what this connection does not
-        speak (a Unix socket, a cluster client)."""
-        pool = getattr(client, "connection_pool", None)
-        if pool is None or not issubclass(pool.connection_class, Connection):
-            return None
-        kw = pool.connection_kwargs
-        if "path" in kw or kw.get("protocol") not in (None, 2, "2"):
-            return None
+    def of(cls, client: aioredis.Redis) -> Endpoint:
+        """The endpoint of ``client``'s connections (a client of one Redis, not a cluster)."""
+        pool = client.connection_pool
+        return cls.from_kwargs(pool.connection_class, pool.connection_kwargs)
+
+    @classmethod
+    def from_kwargs(
+        cls, connection_class: type[AbstractConnection], kw: dict[str, Any]
+    ) -> Endpoint:
+        """The endpoint redis-py would connect to, given a connection class and its keyword
+        arguments (as ``redis.asyncio.connection.parse_url`` and a pool hold them). A RESP3
+        client (``protocol=3``) is answered in RESP2 here, which the callers parse."""
         context = None
-        if issubclass(pool.connection_class, SSLConnection):
-            context = pool.connection_class(**kw).ssl_context.get()
+        if issubclass(connection_class, SSLConnection):
+            # redis-py 8.1.0: the context redis-py itself would use (certificates, verify mode,
+            # ciphers from the URL's ssl_* options), built by its private RedisSSLContext.
+            context = connection_class(**kw).ssl_context.get()
         return cls(
             host=kw.get("host", "localhost"),
             port=int(kw.get("port", 6379)),
+            path=kw.get("path"),
             ssl=context,
             username=kw.get("username"),
             password=kw.get("password"),
@@ -76,8 +79,13 @@ class Endpoint:
             reply_timeout_s=kw.get("socket_timeout") or 5.0,
         )
 
+    @property
+    def where(self) -> str:
+        return self.path or f"{self.host}:{self.port}"
+
     def setup(self) -> list[Command]:
-        """The commands that open a session: AUTH, SELECT, CLIENT SETNAME, as needed."""
+        """The commands that open a session: AUTH, SELECT, CLIENT SETNAME as needed, then
+        CLIENT ID (the id ``CLIENT UNBLOCK`` takes)."""
         commands: list[Command] = []
         if self.password is not None:
             commands.append(
@@ -87,6 +95,7 @@ class Endpoint:
             commands.append(("SELECT", self.db))
         if self.client_name:
             commands.append(("CLIENT", "SETNAME", self.client_name))
+        commands.append(("CLIENT", "ID"))
         return commands
 
 
@@ -101,6 +110,8 @@ class _Batch:
 class _Protocol(asyncio.Protocol):
     def __init__(self, reply_timeout_s: float) -> None:
         self._loop = asyncio.get_running_loop()
+        # redis-py 8.1.0: its private parser's error table turns "NOSCRIPT ...", "MOVED ..."
+        # and the rest into redis-py's exception classes, which runtime.faults classifies.
         self._reader = hiredis.Reader(replyError=BaseParser.parse_error)
         self._pending: collections.deque[_Batch] = collections.deque()
         self._timeout = reply_timeout_s
@@ -174,6 +185,12 @@ class RespConnection:
         self.endpoint = endpoint
         self._protocol: _Protocol | None = None
         self._opening: asyncio.Lock | None = None
+        self.client_id: int | None = None
+        """The server's id of the connection now open (None while none is)."""
+
+    @property
+    def open(self) -> bool:
+        return self._protocol is not None and not self._protocol.closed
 
     async def execute(self, commands: Sequence[Command]) -> list[Any]:
         """Send ``commands`` in one write; their replies in order, an error reply as its
@@ -195,32 +212,36 @@ class RespConnection:
             protocol = _Protocol(e.reply_timeout_s)
             try:
                 async with asyncio.timeout(e.connect_timeout_s):
-                    await loop.create_connection(
-                        lambda: protocol,
-                        e.host,
-                        e.port,
-                        ssl=e.ssl,
-                        server_hostname=e.host if e.ssl is not None else None,
-                    )
-                    setup = e.setup()
-                    replies = await protocol.send(setup) if setup else []
+                    if e.path is not None:
+                        await loop.create_unix_connection(lambda: protocol, e.path)
+                    else:
+                        await loop.create_connection(
+                            lambda: protocol,
+                            e.host,
+                            e.port,
+                            ssl=e.ssl,
+                            server_hostname=e.host if e.ssl is not None else None,
+                        )
+                    replies = await protocol.send(e.setup())
             except TimeoutError:
                 protocol._fail(RedisTimeoutError("timed out connecting to Redis"))
-                raise RedisTimeoutError(
-                    f"timed out connecting to Redis at {e.host}:{e.port}"
-                ) from None
+                raise RedisTimeoutError(f"timed out connecting to Redis at {e.where}") from None
             except OSError as err:
-                raise RedisConnectionError(
-                    f"cannot connect to Redis at {e.host}:{e.port}: {err}"
-                ) from err
+                protocol._fail(RedisConnectionError("could not connect"))
+                raise RedisConnectionError(f"cannot connect to Redis at {e.where}: {err}") from err
+            except BaseException:  # cancelled while setting the session up: close what opened
+                protocol._fail(RedisConnectionError("connecting was cancelled"))
+                raise
             for reply in replies:
                 if isinstance(reply, Exception):
                     protocol._fail(RedisConnectionError("Redis refused the session"))
                     raise reply
             self._protocol = protocol
+            self.client_id = int(replies[-1])
             return protocol
 
     async def close(self) -> None:
         if self._protocol is not None:
             self._protocol._fail(RedisConnectionError("the connection was closed"))
             self._protocol = None
+        self.client_id = None

@@ -20,6 +20,8 @@ import structlog
 from consumer.settings import DEFAULT_METRICS_PORT
 from inferq.redisserver import RedisServer
 from producer.settings import GatewaySettings
+from tests.kinds import RedisUnderTest
+from tests.localcluster import LocalCluster
 from tests.support import Stack, stacks, write_simulated_model
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -69,6 +71,26 @@ def redis_server() -> Iterator[RedisServer]:
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """3 masters without replicas, shared by the whole session (each test has its own
+    namespace, so its keys, and with them its hash tags, are its own)."""
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        pytest.fail("the cluster tests need redis-server and redis-cli 7 on PATH")
+    with LocalCluster(masters=3) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["standalone", "cluster"])
+def either_redis(request: pytest.FixtureRequest) -> RedisUnderTest:
+    """One Redis, then a Redis Cluster: for what must hold on both."""
+    if request.param == "standalone":
+        server: RedisServer = request.getfixturevalue("redis_server")
+        return RedisUnderTest("standalone", server.url, (server.port,))
+    cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+    return RedisUnderTest("cluster", cluster.url, tuple(cluster.ports))
 
 
 @pytest.fixture

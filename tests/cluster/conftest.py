@@ -1,8 +1,7 @@
 """Fixtures for the Redis Cluster suite: a real local cluster the suite starts itself.
 
-``redis_cluster`` is 3 masters without replicas, shared by the whole session (each test has its
-own namespace, so its keys, and with them its hash tags, are its own). The failover tests start
-their own 3 masters + 3 replicas, since they kill a master.
+``redis_cluster`` (tests/conftest.py) is 3 masters without replicas, shared by the whole
+session. The failover tests start their own 3 masters + 3 replicas, since they kill a master.
 """
 
 from __future__ import annotations
@@ -19,14 +18,6 @@ from tests.support import Stack, stacks, write_simulated_model
 
 PARTITIONS = 6
 """Partitions of the ``wide`` model: over 3 masters, more than one master holds its streams."""
-
-
-@pytest.fixture(scope="session")
-def redis_cluster() -> Iterator[LocalCluster]:
-    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
-        pytest.fail("the cluster suite needs redis-server and redis-cli 7 on PATH")
-    with LocalCluster(masters=3) as cluster:
-        yield cluster
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import redis
 import redis.cluster
+from redis.crc import key_slot
 
 from inferq.cli import main
 from protocol.keys import GROUP, Keys, Lane, hash_tag
@@ -80,7 +81,7 @@ def test_sync_infer_answers_every_model_correctly_with_their_streams_on_several_
 
 def test_a_single_seed_is_enough_and_cluster_mode_is_detected(cluster_stack, redis_cluster):
     s = cluster_stack(models=("sim",), url=redis_cluster.seed_url(2))
-    assert s.gateway is not None and s.gateway.gateway.cluster
+    assert s.gateway is not None and s.gateway.gateway.broker.kind == "cluster"
     assert s.workers[0].worker.groups[0].reads.address is not None
     r = s.infer("sim", sim_body(2.5))
     assert r.status_code == 200 and sums(r) == [10.0]
@@ -307,8 +308,11 @@ def test_a_hot_swap_on_a_cluster(cluster_stack, redis_cluster, tmp_path):
 def test_workers_hold_one_blocking_connection_per_slot_group(cluster_stack, model):
     s = cluster_stack(models=(model, "wide"))
     groups = s.workers[0].worker.groups
-    assert len(groups) == 1 + PARTITIONS
-    assert all(len(g.streams) == 3 for g in groups)  # a partition's three lanes, one slot each
+    streams = [st for g in groups for st in g.streams]
+    assert len(streams) == 3 * (1 + PARTITIONS)  # a partition's three lanes share a slot
+    # One group, and one blocking connection, per slot.
+    assert len(groups) == len({key_slot(st.encode()) for st in streams})
+    assert all(len({key_slot(st.encode()) for st in g.streams}) == 1 for g in groups)
 
 
 def test_inferq_models_reads_the_registry_of_a_cluster(cluster_stack, redis_cluster, capsys):

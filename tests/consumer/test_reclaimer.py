@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 import redis
-import redis.asyncio as aioredis
 import structlog
 
 from consumer.ledger import Ledger
 from consumer.reclaimer import Reclaimer
 from protocol.keys import GROUP, Keys, Lane
 from protocol.messages import FIELD
+from runtime.broker import connect
+from runtime.connections import RedisSettings
 from runtime.loops import Loops
 from tests.consumer.support import worker_context
 from tests.support import until
@@ -77,7 +78,7 @@ def with_reclaimer(
     loops: Loops | None = None,
 ) -> None:
     async def go() -> None:
-        client = aioredis.Redis.from_url(redis_url)
+        broker = await connect(RedisSettings(url=redis_url), name="reclaimer")
         context = worker_context(
             keys.namespace,
             slots=FakeSlots(keys),
@@ -86,11 +87,11 @@ def with_reclaimer(
             max_deliveries=5,
             claim_idle_ms=IDLE_MS,
         )
-        reclaimer = Reclaimer(context, client, intake)
+        reclaimer = Reclaimer(context, broker, intake)
         try:
             await body(reclaimer)
         finally:
-            await client.aclose()
+            await broker.aclose()
 
     asyncio.run(go())
 
@@ -110,6 +111,27 @@ def test_entries_a_dead_worker_held_past_the_idle_time_are_taken_over_with_their
     stream = keys.stream("m", Lane.NORMAL)
     assert intake.accepted == [(stream, i, 2) for i in ids]  # delivered twice now
     assert {c["name"]: c["pending"] for c in r.xinfo_consumers(stream, GROUP)}[b"me"] == 3
+
+
+def test_entries_whose_worker_died_again_after_a_takeover_are_taken_one_per_pass(
+    r, redis_url, namespace
+):
+    """One of them may be the poison that killed both workers: taken alone, it takes no other
+    request along to its next crash."""
+    keys = Keys(namespace)
+    stream = keys.stream("m", Lane.NORMAL)
+    ids = queue(r, keys, 3, "dead")
+    r.xclaim(stream, GROUP, "died-too", 0, ids)  # taken over once; that worker died as well
+    intake = Intake()
+
+    async def body(reclaimer: Reclaimer) -> None:
+        await asyncio.sleep(IDLE_MS / 1000 * 1.5)
+        await reclaimer.tick()
+        assert intake.accepted == [(stream, ids[0], 3)]
+        await reclaimer.tick()
+
+    with_reclaimer(redis_url, keys, Ledger(), intake, body)
+    assert intake.accepted == [(stream, ids[0], 3), (stream, ids[1], 3)]
 
 
 def test_nothing_is_taken_over_before_the_idle_time_or_beyond_the_room(r, redis_url, namespace):

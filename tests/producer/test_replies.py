@@ -1,8 +1,8 @@
 """The gateway's reply listener against a real redis-server: replies resolve their waiters, a
 reply published while the listener is disconnected is not lost, the keepalive keeps going
 through Redis errors, and waiters whose requests Redis lost are answered (from a stored result)
-or failed at once. Each holds with the reads on the lean connection (``runtime.resp``, one
-Redis) and on redis-py (a cluster)."""
+or failed at once. Each holds on one Redis and on a Redis Cluster (where the reply stream and
+the job events are read by two loops)."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
-import redis.asyncio as aioredis
 import structlog
 
 from producer.errors import ServiceUnavailable
 from producer.replies import ReplyListener
 from protocol.messages import FIELD, InferResult, Status
 from runtime.backoff import Backoff
-from runtime.resp import Endpoint, RespConnection
+from tests.kinds import RedisUnderTest
 from tests.support import until
 
 pytestmark = pytest.mark.integration
@@ -28,44 +26,35 @@ log = structlog.get_logger()
 
 
 @pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url)
-    yield client
-    client.close()
+def r(either_redis: RedisUnderTest) -> Iterator[Any]:
+    with either_redis.client() as client:
+        yield client
 
 
 def ok(request_id: str) -> bytes:
     return InferResult(request_id, Status.OK, "m", "1", worker="w").encode()
 
 
-@pytest.fixture(params=["lean", "redis-py"])
-def lean(request: pytest.FixtureRequest) -> bool:
-    return bool(request.param == "lean")
-
-
 def with_listener(
-    redis_url: str,
+    redis: RedisUnderTest,
     namespace: str,
     body: Callable[[ReplyListener], Awaitable[None]],
-    lean: bool,
     *,
     reads: Backoff | None = None,
     keepalives: Backoff | None = None,
     run: bool = True,
 ) -> None:
     async def go() -> None:
-        reader = aioredis.Redis.from_url(redis_url, client_name=f"{namespace}-reader")
-        commands = aioredis.Redis.from_url(redis_url)
+        broker = await redis.broker()
         listener = ReplyListener(
-            reader,
-            commands,
+            broker,
             f"{namespace}:replies:g",
             block_ms=100,
             ttl_s=60,
+            reader_name=f"{namespace}-reader",
             job_events=f"{namespace}:jobevents",
             reads=reads,
             keepalives=keepalives,
-            lean=RespConnection(Endpoint.of(reader)) if lean else None,  # type: ignore[arg-type]
         )
         await listener.keepalive()
         task = asyncio.create_task(listener.run()) if run else None
@@ -76,13 +65,12 @@ def with_listener(
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
             await listener.close()
-            await reader.aclose()
-            await commands.aclose()
+            await broker.aclose()
 
     asyncio.run(go())
 
 
-def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url, namespace, lean):
+def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, either_redis, namespace):
     async def body(listener: ReplyListener) -> None:
         waiter = listener.waiters.expect("a", "m", 0)
         r.xadd(listener.key, {b"keepalive": b"1"})
@@ -93,47 +81,41 @@ def test_a_reply_resolves_its_waiter_and_other_entries_are_ignored(r, redis_url,
         assert result.id == "a" and result.status is Status.OK
         assert listener.waiting == 0
 
-    with_listener(redis_url, namespace, body, lean)
+    with_listener(either_redis, namespace, body)
 
 
-def test_a_waiter_gets_timeout_error_at_its_deadline(redis_url, namespace, lean):
+def test_a_waiter_gets_timeout_error_at_its_deadline(either_redis, namespace):
     async def body(listener: ReplyListener) -> None:
         waiter = listener.waiters.expect("late", "m", 0)
         with pytest.raises(TimeoutError):
             await waiter.wait(0.05)
         assert listener.waiting == 0  # the deadline settled it, through the record
 
-    with_listener(redis_url, namespace, body, lean)
+    with_listener(either_redis, namespace, body)
 
 
 def test_a_reply_published_while_the_listener_is_disconnected_is_delivered_after(
-    r, redis_url, namespace, lean
+    r, either_redis, namespace
 ):
     reads = Backoff("replies", log, first_s=0.5)  # stays disconnected long enough to publish
 
     async def body(listener: ReplyListener) -> None:
         waiter = listener.waiters.expect("during", "m", 0)
-        await until(lambda: any(c["cmd"] == "xread" for c in clients(r, namespace)))
-        kill(r, namespace)
+        readers = f"{namespace}-reader"
+        await until(
+            lambda: any(c["cmd"] == "xread" for _, c in either_redis.clients_named(readers))
+        )
+        either_redis.kill_clients(readers)
         await until(lambda: not reads.healthy)  # it noticed, and waits before reconnecting
         r.xadd(listener.key, {FIELD: ok("during")})  # published while nobody reads
         result = await waiter.wait(5)
         assert result.id == "during"
         assert reads.healthy
 
-    with_listener(redis_url, namespace, body, lean, reads=reads)
+    with_listener(either_redis, namespace, body, reads=reads)
 
 
-def clients(r: redis.Redis, namespace: str) -> list[dict[str, Any]]:
-    return [c for c in r.client_list() if c["name"] == f"{namespace}-reader"]
-
-
-def kill(r: redis.Redis, namespace: str) -> None:
-    for c in clients(r, namespace):
-        r.client_kill_filter(_id=c["id"])
-
-
-def test_job_events_wake_the_waiters_of_that_job(r, redis_url, namespace, lean):
+def test_job_events_wake_the_waiters_of_that_job(r, either_redis, namespace):
     async def body(listener: ReplyListener) -> None:
         changed = listener.expect_job("job-1")
         other = listener.expect_job("job-2")
@@ -142,10 +124,10 @@ def test_job_events_wake_the_waiters_of_that_job(r, redis_url, namespace, lean):
         assert not other.done()
         listener.forget_job("job-2", other)
 
-    with_listener(redis_url, namespace, body, lean)
+    with_listener(either_redis, namespace, body)
 
 
-def test_the_keepalive_carries_on_through_redis_errors(r, redis_url, namespace, lean):
+def test_the_keepalive_carries_on_through_redis_errors(r, either_redis, namespace):
     keepalives = Backoff("reply-keepalive", log)
 
     async def body(listener: ReplyListener) -> None:
@@ -160,11 +142,11 @@ def test_the_keepalive_carries_on_through_redis_errors(r, redis_url, namespace, 
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
 
-    with_listener(redis_url, namespace, body, lean, keepalives=keepalives, run=False)
+    with_listener(either_redis, namespace, body, keepalives=keepalives, run=False)
 
 
 def test_after_the_reply_stream_was_lost_stored_results_answer_and_lost_requests_fail(
-    r, redis_url, namespace, lean
+    r, either_redis, namespace
 ):
     """The reply stream vanished (its replies with it) and so did one request's entry: the
     request whose result is stored is answered from it; the one Redis lost fails with 503 at
@@ -190,11 +172,11 @@ def test_after_the_reply_stream_was_lost_stored_results_answer_and_lost_requests
         assert not queued.future.done() and listener.waiting == 1
         assert listener.losses == 1 and listener.lost == 1
 
-    with_listener(redis_url, namespace, body, lean, run=False)
+    with_listener(either_redis, namespace, body, run=False)
 
 
 def test_a_request_gone_from_its_stream_without_a_result_fails_at_the_second_sweep(
-    r, redis_url, namespace, lean
+    r, either_redis, namespace
 ):
     """A failure is stored only as a reply, which may still be on its way: one sweep marks the
     request suspect, the next fails it."""
@@ -211,4 +193,4 @@ def test_a_request_gone_from_its_stream_without_a_result_fails_at_the_second_swe
             await waiter.future
         assert listener.waiting == 0
 
-    with_listener(redis_url, namespace, body, lean, run=False)
+    with_listener(either_redis, namespace, body, run=False)

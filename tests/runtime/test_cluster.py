@@ -1,24 +1,20 @@
-"""Redis Cluster plumbing: seed lists, cluster detection, errors of a topology change, slots."""
+"""Redis Cluster plumbing: seed lists, errors of a topology change, slots."""
 
 from __future__ import annotations
-
-import asyncio
 
 import pytest
 from redis.exceptions import ClusterDownError, RedisClusterException
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from inferq.redisserver import RedisServer
 from runtime.cluster import (
     as_connection_error,
-    detect_cluster,
-    detect_cluster_sync,
     group_by_slot,
     key_slot,
+    node_connection,
     parse_seeds,
     seed_urls,
 )
-from runtime.connections import RedisSettings, redact, resolve
+from runtime.connections import redact
 from runtime.faults import Fault, classify
 
 
@@ -74,19 +70,15 @@ def test_a_topology_change_reads_as_redis_being_unavailable_and_echoes_no_payloa
         assert converted.__cause__ is error
 
 
-def test_a_plain_redis_is_not_a_cluster(redis_server: RedisServer) -> None:
-    assert detect_cluster_sync(redis_server.url, timeout_s=1) is False
-    assert asyncio.run(detect_cluster(redis_server.url, timeout_s=1)) is False
-    resolved = asyncio.run(resolve(RedisSettings(redis_server.url)))
-    assert resolved.cluster is False
-
-
-def test_nothing_answering_is_undecided_and_several_seeds_then_mean_a_cluster() -> None:
-    assert detect_cluster_sync("redis://127.0.0.1:1/0", timeout_s=0.2) is None
-    one = asyncio.run(resolve(RedisSettings("redis://127.0.0.1:1/0", connect_timeout_s=0.2)))
-    assert one.cluster is False
-    many = RedisSettings("redis://127.0.0.1:1,127.0.0.1:2/0", connect_timeout_s=0.2)
-    assert asyncio.run(resolve(many)).cluster is True
+def test_a_node_of_a_tls_cluster_is_reached_over_tls_with_the_seeds_credentials() -> None:
+    kind, options = node_connection("rediss://u:pw@h1:7000,h2:7001/0?ssl_cert_reqs=none")
+    assert kind.__name__ == "SSLConnection"
+    assert (options["username"], options["password"], options["ssl_cert_reqs"]) == (
+        "u",
+        "pw",
+        "none",
+    )
+    assert "db" not in options and "host" not in options
 
 
 def _raised_in(filename: str, source: str) -> BaseException:

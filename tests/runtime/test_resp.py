@@ -1,11 +1,13 @@
 """The lean pipelining connection against a real redis-server: batches get their own replies
 in order however many are in flight, error replies are redis-py's exceptions and fail only
-their command, the session is set up as redis-py would (AUTH, database, client name), and a
-connection that breaks or stops answering fails what is in flight and is replaced."""
+their command, the session is set up as redis-py would (AUTH, database, client name, TLS or a
+Unix socket) and knows its client id, and a connection that breaks or stops answering fails
+what is in flight and is replaced."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -23,10 +25,7 @@ pytestmark = pytest.mark.integration
 
 
 def endpoint_of(url: str, **options: object) -> Endpoint:
-    client = aioredis.Redis.from_url(url, **options)  # type: ignore[arg-type]
-    found = Endpoint.of(client)
-    assert found is not None
-    return found
+    return Endpoint.of(aioredis.Redis.from_url(url, **options))  # type: ignore[arg-type]
 
 
 def with_connection(endpoint: Endpoint, body: Callable[[RespConnection], Awaitable[None]]) -> None:
@@ -90,6 +89,7 @@ def test_the_session_has_the_urls_database_and_the_clients_name(redis_server, na
     async def body(c: RespConnection) -> None:
         await c.execute([("SET", f"{namespace}:db5", "here")])
         assert await c.execute([("CLIENT", "GETNAME")]) == [b"inferq-test-lean"]
+        assert await c.execute([("CLIENT", "ID")]) == [c.client_id]
 
     with_connection(endpoint, body)
     assert redis.Redis.from_url(url).get(f"{namespace}:db5") == b"here"
@@ -112,10 +112,11 @@ def test_a_password_in_the_url_authenticates_and_a_wrong_one_is_refused(namespac
         with_connection(bad, refused)
 
 
-def test_tls_urls_get_an_ssl_context_and_unix_sockets_stay_on_redis_py():
+def test_tls_urls_get_an_ssl_context_and_unix_socket_urls_a_path():
     tls = endpoint_of("rediss://:pw@127.0.0.1:6390/0?ssl_cert_reqs=none")
-    assert tls.ssl is not None and tls.password == "pw"
-    assert Endpoint.of(aioredis.Redis.from_url("unix:///tmp/redis.sock")) is None
+    assert tls.ssl is not None and tls.password == "pw" and tls.path is None
+    unix = endpoint_of("unix:///tmp/redis.sock?db=2")
+    assert (unix.path, unix.db, unix.ssl) == ("/tmp/redis.sock", 2, None)
 
 
 def test_a_lost_server_fails_the_batch_in_flight_and_the_next_batch_reconnects(namespace):
@@ -158,3 +159,27 @@ def test_a_reply_later_than_the_timeout_fails_the_batch_and_the_connection_recov
         assert await c.execute([("PING",)]) == [b"PONG"]
 
     with_connection(endpoint, body)
+
+
+def test_a_connect_cancelled_while_the_session_is_set_up_closes_its_socket():
+    """A loop cancelled while its connection waits for AUTH/CLIENT ID leaves no socket open (an
+    unclosed transport would only be found by the garbage collector)."""
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, never answers
+        port = server.getsockname()[1]
+        endpoint = Endpoint("127.0.0.1", port, connect_timeout_s=30, reply_timeout_s=30)
+
+        async def go() -> None:
+            connection = RespConnection(endpoint)
+            sent = asyncio.create_task(connection.execute([("PING",)]))
+            peer, _ = await asyncio.get_running_loop().sock_accept(server)
+            with peer:
+                assert b"CLIENT" in await asyncio.get_running_loop().sock_recv(peer, 1024)
+                sent.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await sent
+                assert not connection.open
+                closed = asyncio.get_running_loop().sock_recv(peer, 1024)
+                assert await asyncio.wait_for(closed, 2) == b""  # now, not at a timeout
+
+        server.setblocking(False)
+        asyncio.run(go())
