@@ -257,8 +257,7 @@ class Shell:
             if line is None:
                 return None, "".join(out)
             if line.startswith(token):
-                printed = "".join(out)
-                return int(line.split()[1]), printed[:-1] if printed.endswith("\n") else printed
+                return int(line.split()[1]), "".join(out).rstrip("\n")
             out.append(line)
 
     def close(self) -> None:
