@@ -321,18 +321,15 @@ def test_a_python_model_that_crashes_its_worker_is_restarted_and_serves_again(
         assert u.stop() == 0
 
 
-# -- the README's section, run as written ------------------------------------------------------
+# -- the guide's blocks (docs/python-backend.md), run as written ---------------------------------
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = "### Your own Python code: the Python backend"
+GUIDE = ROOT / "docs" / "python-backend.md"
 
 
 def readme_blocks() -> list[tuple[str, str]]:
-    """(language, text) of each fenced block of the README's Python backend section."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index(SECTION) :]
-    section = section[: section.index("\n## ")]
-    return re.findall(r"```(\w+)\n(.*?)```", section, re.S)
+    """(language, text) of each fenced block of the Python backend's guide."""
+    return re.findall(r"```(\w+)\n(.*?)```", GUIDE.read_text(), re.S)
 
 
 def block(language: str, containing: str) -> str:
@@ -341,7 +338,7 @@ def block(language: str, containing: str) -> str:
 
 
 def expected_output(snippet: str) -> str:
-    """What the README says a snippet prints: its trailing ``# `` comment lines."""
+    """What the guide says a snippet prints: its trailing ``# `` comment lines."""
     lines = snippet.rstrip("\n").splitlines()
     out: list[str] = []
     while lines and lines[-1].startswith("# "):
@@ -351,7 +348,7 @@ def expected_output(snippet: str) -> str:
 
 @pytest.fixture(scope="module")
 def examples_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The README's minimal model, and the two examples as `inferq models build-examples`
+    """The guide's minimal model, and the two examples as `inferq models build-examples`
     leaves them."""
     from inferq import examples
 
@@ -442,7 +439,7 @@ def test_the_readmes_digits_png_lines_answer_as_the_same_code_in_process(
 
     snippet = block("sh", "/v2/models/digits-png/infer")
     answer = outputs_of(run_curl(examples_stack, snippet))
-    assert answer == outputs_of(json.loads(expected_output(snippet)))  # the README's own line
+    assert answer == outputs_of(json.loads(expected_output(snippet)))  # the guide's own line
     assert answer["label"] == expected["label"].tolist()
     assert np.array_equal(
         np.array(answer["probabilities"], np.float32), expected["probabilities"].reshape(-1)
