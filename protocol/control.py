@@ -172,6 +172,9 @@ class LoadReport:
     updated_ms: int = 0
     weights: dict[str, float] = field(default_factory=dict)
     """The traffic weights of the config it loaded (a load by the repository config)."""
+    fallback: str = ""
+    """Why this worker serves the repository config instead of the committed policy ("" when
+    it serves the policy): a version the policy names has no folder, or does not load."""
 
     def encode(self) -> bytes:
         return pack(
@@ -185,13 +188,14 @@ class LoadReport:
                 self.load_ms,
                 self.updated_ms,
                 self.weights,
+                self.fallback,
             ]
         )
 
     @classmethod
     def decode(cls, raw: bytes) -> LoadReport:
-        fields = unpack(raw, "load report", 9)
-        worker, model, generation, ok, versions, error, load_ms, updated, weights = fields
+        fields = unpack(raw, "load report", 10)
+        worker, model, generation, ok, versions, error, load_ms, updated, weights, fallback = fields
         if not isinstance(worker, str) or not isinstance(model, str):
             raise ProtocolError("load report: worker and model must be strings")
         if not _is_int(generation) or not isinstance(ok, bool) or not isinstance(error, str):
@@ -200,6 +204,8 @@ class LoadReport:
             raise ProtocolError("load report: versions must be strings")
         if not isinstance(load_ms, int | float) or not _is_int(updated):
             raise ProtocolError("load report: invalid load_ms or updated_ms")
+        if not isinstance(fallback, str):
+            raise ProtocolError("load report: fallback must be a string")
         return cls(
             worker,
             model,
@@ -210,6 +216,7 @@ class LoadReport:
             float(load_ms),
             updated,
             check_weights(weights, what="load report weights") if weights else {},
+            fallback,
         )
 
 
