@@ -220,6 +220,10 @@ class ModelAdmin:
                 await self._send(Command(Op.ABORT, model, wanted))
                 raise
             await self._commit(model, policy, admin=admin)
+            if not admin:
+                await self._until_served(model, policy.versions)
+            elif entry is None or not entry.workers:
+                await self._until_served(model)
         log.info(
             "model loaded" if admin else "model reset to its repository config",
             model=model,
@@ -298,6 +302,20 @@ class ModelAdmin:
                 retry_after_s=5,
             )
         return entry, workers
+
+    async def _until_served(self, model: str, versions: tuple[str, ...] | None = None) -> None:
+        """Until the workers advertise what was just committed (they do as soon as they apply
+        the commit): a model no live worker served before (so a request sent right after the
+        load is routed, as after a Triton load), or, after a reset, exactly ``versions`` (with
+        no policy stored, the gateways route by the advertisements)."""
+        deadline = time.monotonic() + self.settings.admin_load_timeout_s
+        while time.monotonic() < deadline:
+            await self.registry.refresh()
+            entry = self.registry.models.get(model)
+            if entry is not None and entry.ready:
+                if versions is None or entry.metadata.versions == versions:
+                    return
+            await asyncio.sleep(_POLL_S)
 
     def _locked(self, model: str) -> _ModelLock:
         ttl_s = self.settings.admin_load_timeout_s + 30
