@@ -112,7 +112,6 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 def render_list(views: Sequence[ModelView]) -> str:
     rows = [("MODEL", "VERSIONS", "TRAFFIC", "WORKERS", "POLICY", "STATE")]
     for v in views:
-        policy = v.entry.policy
         rows.append(
             (
                 v.name,
