@@ -152,6 +152,23 @@ def test_reset_returns_a_model_to_its_config_policy_and_deletes_the_admin_one(
         assert c.post("/v2/repository/models/digits/reset").status_code == 401
 
 
+def test_inferq_models_reset_calls_the_api_with_the_token(repo_stack, capsys):
+    s = repo_stack(["1", "2"])
+    s.wait_ready("digits")
+    assert (
+        admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "2"}}).status_code
+        == 200
+    )
+    assert main(["models", "reset", "digits", "--url", s.url], environ={}) == 2
+    assert "INFERQ_ADMIN_TOKEN" in capsys.readouterr().err
+    token = {"INFERQ_ADMIN_TOKEN": TOKEN}
+    assert main(["models", "reset", "digits", "--url", s.url], environ=token) == 0
+    assert "digits: back to its repository config; serves 1" in capsys.readouterr().out
+    assert s.infer("digits", digits_body(0)).json()["model_version"] == "1"
+    assert main(["models", "reset", "nosuch", "--url", s.url], environ=token) == 1
+    assert "404: unknown model 'nosuch'" in capsys.readouterr().err
+
+
 # -- a model folder added while running ---------------------------------------------------------
 
 
