@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from dataclasses import replace
 
 import redis.asyncio as aioredis
 import structlog
@@ -439,7 +440,14 @@ class Worker:
     async def _describe(self) -> WorkerInfo:
         """This worker's advertisement now: what it serves, and what its repository holds
         (rescanned; cheap when nothing changed, see ``RepositoryScan``)."""
-        self._listing = await asyncio.to_thread(self.repository.scan)
+        listing = await asyncio.to_thread(self.repository.scan)
+        # A model that failed at start says why (its config may be fine: a missing package).
+        self._listing = tuple(
+            replace(m, error=self.skipped[m.name])
+            if m.name in self.skipped and m.name not in self.slots and not m.error
+            else m
+            for m in listing
+        )
         return WorkerInfo(
             id=self.id,
             host=self.id.rsplit("-", 2)[0],
