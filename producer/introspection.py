@@ -32,7 +32,8 @@ def triton_datatype(datatype: str) -> str:
 
 def _tensor(spec: TensorSpec) -> dict[str, Any]:
     # Triton's dims leave out the batch dimension when max_batch_size > 0 (inferq's always is).
-    return {"name": spec.name, "data_type": triton_datatype(spec.datatype), "dims": spec.shape[1:]}
+    dims = list(spec.shape[1:])
+    return {"name": spec.name, "data_type": triton_datatype(spec.datatype), "dims": dims}
 
 
 def config_document(meta: ModelMetadata) -> dict[str, Any]:

@@ -40,6 +40,7 @@ class Duration:
     ns: int = 0
 
     def record(self, seconds: float, count: int = 1) -> None:
+        """``count`` events that took ``seconds`` in all."""
         self.count += count
         self.ns += max(0, round(seconds * 1e9))
 
