@@ -12,8 +12,13 @@ A change is a two-phase commit driven by the gateway that received the admin cal
    workers drop what they loaded for it and keep serving the old policy, and the errors go back
    to the admin call and into the model's status (``Keys.model_status``).
 
-A worker that starts later reads the committed policy before it serves. ``VersionPolicy`` also
-describes a repository config's own policy (``[version_policy]``) when no admin call set one.
+A worker that starts later reads the committed policy before it serves; one that cannot serve
+it (a version it names has no folder) serves the repository config's versions instead and says
+so (``LoadReport.fallback``). A reset is the same two phases for the config's own versions, and
+its commit deletes the stored policy instead of writing one. A PREPARE also reaches the workers
+that do not serve the model but whose repository holds it: that is how a new model is loaded.
+``VersionPolicy`` also describes a repository config's own policy (``[version_policy]``) when no
+admin call set one.
 """
 
 from __future__ import annotations
