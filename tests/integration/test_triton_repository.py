@@ -7,12 +7,7 @@ sent."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -27,8 +22,9 @@ import tritonclient.http as triton_http
 from tritonclient.utils import InferenceServerException
 
 from inferq.redisserver import RedisServer, free_port
-from tests.conftest import DIGITS, REPO_ROOT
+from tests.conftest import DIGITS
 from tests.support import wait_until, write_simulated_model
+from tests.upstack import UpProcess, up_processes
 
 pytestmark = pytest.mark.integration
 
@@ -39,11 +35,10 @@ ADMIN = {"authorization": f"Bearer {TOKEN}"}
 
 @dataclass
 class Up:
-    process: subprocess.Popen[str]
+    process: UpProcess
     repo: Path
     http: str
     grpc: str
-    output: list[str]
 
     def http_client(self) -> triton_http.InferenceServerClient:
         return triton_http.InferenceServerClient(self.http.removeprefix("http://"))
@@ -61,75 +56,23 @@ def up(redis_server: RedisServer, tmp_path_factory) -> Iterator[Up]:
     repo = tmp_path_factory.mktemp("repository")
     shutil.copytree(DIGITS, repo / "digits", ignore=shutil.ignore_patterns("train.py"))
     write_simulated_model(repo, "counted", base_ms=1, per_row_ms=0, max_batch=8)
-    http_port, grpc_port = free_port(), free_port()
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferq",
-            "up",
+    grpc_port = free_port()
+    with up_processes(redis_server.url, f"test-{uuid.uuid4().hex[:8]}", repo) as start:
+        process = start(
             "--workers",
             "2",
-            "--redis",
-            redis_server.url,
-            "--namespace",
-            f"test-{uuid.uuid4().hex[:8]}",
-            "--port",
-            str(http_port),
-            "--grpc-port",
-            str(grpc_port),
-            "--metrics-port",
-            "0",
             "--heartbeat-s",
             "0.5",
-            "--model-repository",
-            str(repo),
+            "--grpc-port",
+            str(grpc_port),
+            "--admin-token",
+            TOKEN,
             "--log-level",
             "warning",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        # PYTHONPATH: this checkout's code, whichever checkout the editable install points at.
-        env={
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "INFERQ_ADMIN_TOKEN": TOKEN,
-            "PYTHONPATH": str(REPO_ROOT),
-        },
-        cwd=tmp_path_factory.mktemp("up"),
-    )
-    output: list[str] = []
-    serving = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            output.append(line)
-            if "inferq is serving at" in line:
-                serving.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    try:
-        wait_until(lambda: serving.is_set() or process.poll() is not None, 60, "inferq up")
-        assert serving.is_set(), "".join(output)
-        yield Up(
-            process,
-            repo,
-            f"http://127.0.0.1:{http_port}",
-            f"127.0.0.1:{grpc_port}",
-            output,
         )
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            code = process.wait(60)
-        finally:
-            reader.join(5)
-            if process.stdout is not None:
-                process.stdout.close()
-        assert code == 0, "".join(output)
+        process.wait_ready()
+        yield Up(process, repo, process.url, f"127.0.0.1:{grpc_port}")
+        assert process.stop() == 0, "\n".join(process.lines)
 
 
 def digits_rows(start: int, n: int) -> np.ndarray:
