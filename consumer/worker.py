@@ -43,7 +43,7 @@ from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
 from protocol.jobs import TRANSITION_SCRIPT
 from protocol.keys import Keys, hash_tag, is_valid_name
-from protocol.registry import RepositoryModel, WorkerInfo
+from protocol.registry import WorkerInfo
 from runtime import tracing
 from runtime.broker import Broker, Script, connect
 from runtime.connections import RedisClock, redact
@@ -88,7 +88,6 @@ class Worker:
             flush_ms=settings.flush_ms,
         )
         """What this worker may be asked to load, advertised with every heartbeat."""
-        self._listing: tuple[RepositoryModel, ...] = ()
         self._reader_loops = ["reader"]
         self._serving = False
         """The loops run (until then, ``_start_loops`` starts a model added meanwhile)."""
@@ -442,7 +441,7 @@ class Worker:
         (rescanned; cheap when nothing changed, see ``RepositoryScan``)."""
         listing = await asyncio.to_thread(self.repository.scan)
         # A model that failed at start says why (its config may be fine: a missing package).
-        self._listing = tuple(
+        held = tuple(
             replace(m, error=self.skipped[m.name])
             if m.name in self.skipped and m.name not in self.slots and not m.error
             else m
@@ -454,7 +453,7 @@ class Worker:
             pid=os.getpid(),
             started_ms=self._started_ms,
             models=tuple(model.metadata() for model in self.slots.models()),
-            repository=self._listing,
+            repository=held,
             fallbacks=self.control.fallback_generations() if self.control is not None else {},
         )
 
