@@ -505,6 +505,8 @@ class RepositoryScan:
             config = load_config(self.repo, name)
         except (RepositoryError, OSError) as e:
             return RepositoryModel(name, versions, None, str(e))
+        except Exception as e:  # an operator's file must never end the heartbeat that scans it
+            return RepositoryModel(name, versions, None, f"{type(e).__name__}: {e}")
         meta = config.metadata(
             max_batch=self._max_batch or config.max_batch,
             flush_ms=config.flush_ms if self._flush_ms is None else self._flush_ms,

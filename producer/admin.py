@@ -168,8 +168,8 @@ class ModelAdmin:
 
     async def load(self, model: str, params: Any) -> dict[str, Any]:
         """Serve the versions ``params`` name (or those the repository config names) on every
-        live worker that serves the model or whose repository holds it: a model folder added
-        after the workers started is loaded this way."""
+        live worker that serves the model, or, when none does, whose repository holds it: a
+        model folder added after the workers started is loaded this way."""
         request = parse_load(params)
         entry, workers = await self._targets(model)
         return await self._change(model, entry, workers, request.versions, request.weights)
@@ -269,7 +269,7 @@ class ModelAdmin:
         self, model: str, *, need_workers: bool = True
     ) -> tuple[ModelEntry | None, list[str]]:
         """The model's entry (None for one never served) and the live workers a change of it
-        goes to: those that serve it and those whose repository holds it. A name no worker
+        goes to (``_candidates``). A name no worker
         knows is looked for again until the workers' next heartbeats (they rescan their
         repositories with each), so a folder copied just now is found."""
         if not is_valid_name(model):
@@ -380,12 +380,19 @@ class ModelAdmin:
                     break
             await asyncio.sleep(_POLL_S)
         await self.redis.delete(reply_to)
+        # A worker that holds the model without serving it may answer too (it cannot know that
+        # others serve it): only the workers the change is for count.
+        reports = {w: r for w, r in reports.items() if w in expected}
         return reports, set(workers) - expected - set(reports)
 
     def _candidates(self, model: str) -> set[str]:
-        """Live workers that serve the model or whose repository holds it, as of the last
-        registry refresh."""
-        return {w.id for w in self.registry.live_worker_infos() if w.holds(model)}
+        """The live workers a change of the model goes to, as of the last registry refresh:
+        those that serve it; when none does, those whose repository holds it. (A worker that
+        holds a served model without serving it, one whose load failed at start, is not asked:
+        its failure must not block a change of what serves. It loads the model at the commit.)"""
+        workers = self.registry.live_worker_infos()
+        serving = {w.id for w in workers if any(m.name == model for m in w.models)}
+        return serving or {w.id for w in workers if w.holds(model)}
 
     def _final(self, wanted: VersionPolicy, reports: dict[str, LoadReport]) -> VersionPolicy:
         """The policy to commit. A load by the repository config takes the versions and weights

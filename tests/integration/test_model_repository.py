@@ -222,6 +222,32 @@ def test_a_broken_new_folder_is_refused_with_its_reason_and_listed_with_it(repo_
     assert ready(s)[0] == 200 and s.infer("digits", digits_body(0)).status_code == 200
 
 
+def test_a_worker_whose_load_failed_at_start_does_not_block_a_change(repo_stack, tmp_path):
+    s = repo_stack(["1", "2"])
+    s.wait_ready("digits")
+    other = tmp_path / "other"
+    shutil.copytree(s.repo, other)
+    for v in ("1", "2"):
+        (other / "digits" / v / "model.onnx").write_bytes(b"not a model")
+    write_simulated_model(other, "sim", base_ms=1, per_row_ms=0, max_batch=4)
+    broken = s.add_worker(model_repository=other)  # serves sim; digits failed to load
+    assert "digits" in broken.worker.skipped
+    with s.client() as c:
+        wait_until(lambda: c.get("/v2/models/sim/ready").status_code == 200, what="sim")
+    r = admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "2"}})
+    assert r.status_code == 200, r.text
+    assert list(r.json()["workers"]) == [s.workers[0].worker.id]
+    assert s.infer("digits", digits_body(0)).json()["model_version"] == "2"
+    # It tried again at the commit, and says why it still cannot.
+    wait_until(
+        lambda: any(
+            broken.worker.id in row["reason"] for row in index(s) if row["name"] == "digits"
+        ),
+        what="the broken worker's reason in the index",
+    )
+    assert "digits" not in broken.worker.slots
+
+
 def test_a_model_no_worker_holds_is_unknown(repo_stack):
     s = repo_stack(["1"])
     s.wait_ready("digits")
