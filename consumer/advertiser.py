@@ -1,14 +1,18 @@
 """A worker's presence in Redis: its advertisement, heartbeat, and clean withdrawal.
 
-``SET {ns}:worker:{id}`` (with a TTL) holds the models it serves; ``ZADD {ns}:workers`` scores it
-with the Redis-clock time its heartbeat expires, so anyone can list live workers with one
-``ZRANGEBYSCORE``; ``HSET {ns}:models`` keeps each model's last metadata for when no worker is up.
-Each beat also reads Redis's ``maxmemory-policy`` (``runtime.eviction``).
+``SET {ns}:worker:{id}`` (with a TTL) holds the models it serves and those its repository holds
+(``protocol.registry.WorkerInfo``, described afresh at every beat); ``SET
+{ns}:workerstats:{id}`` (same TTL) its inference statistics (``protocol.modelstats``);
+``ZADD {ns}:workers`` scores it with the Redis-clock time its heartbeat expires, so anyone can
+list live workers with one ``ZRANGEBYSCORE``; ``HSET {ns}:models`` keeps each model's last
+metadata for when no worker is up. Each beat also reads Redis's ``maxmemory-policy``
+(``runtime.eviction``).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 import structlog
@@ -27,13 +31,19 @@ class Advertiser:
         self,
         context: WorkerContext,
         redis: aioredis.Redis,
-        info: WorkerInfo,
+        *,
+        describe: Callable[[], Awaitable[WorkerInfo]],
+        statistics: Callable[[], bytes],
         eviction: EvictionCheck | None = None,
     ) -> None:
         s = context.settings
         self._redis = redis
         self._keys = context.keys
-        self.info = info
+        self._worker_id = context.worker_id
+        self._describe = describe
+        self._statistics = statistics
+        self.info: WorkerInfo | None = None
+        """The advertisement last published."""
         self._clock = context.clock
         self._interval_s = s.heartbeat_s
         self._ttl_ms = int(s.worker_ttl_s * 1000)
@@ -41,10 +51,13 @@ class Advertiser:
         self._backoff = context.loops.backoff("heartbeat", critical=False)
 
     async def publish(self) -> None:
+        info = self.info = await self._describe()
         pipe = self._redis.pipeline(transaction=False)
-        pipe.set(self._keys.worker(self.info.id), self.info.encode(), px=self._ttl_ms)
-        pipe.zadd(self._keys.workers, {self.info.id: self._clock.now_ms() + self._ttl_ms})
-        pipe.hset(self._keys.models, mapping={m.name: m.encode() for m in self.info.models})
+        pipe.set(self._keys.worker(info.id), info.encode(), px=self._ttl_ms)
+        pipe.set(self._keys.worker_stats(info.id), self._statistics(), px=self._ttl_ms)
+        pipe.zadd(self._keys.workers, {info.id: self._clock.now_ms() + self._ttl_ms})
+        if info.models:
+            pipe.hset(self._keys.models, mapping={m.name: m.encode() for m in info.models})
         # Forget workers that died without withdrawing, long after anyone could count them.
         pipe.zremrangebyscore(self._keys.workers, "-inf", self._clock.now_ms() - 10 * self._ttl_ms)
         await pipe.execute()
@@ -69,6 +82,6 @@ class Advertiser:
 
     async def withdraw(self) -> None:
         pipe = self._redis.pipeline(transaction=False)
-        pipe.zrem(self._keys.workers, self.info.id)
-        pipe.delete(self._keys.worker(self.info.id))
+        pipe.zrem(self._keys.workers, self._worker_id)
+        pipe.delete(self._keys.worker(self._worker_id), self._keys.worker_stats(self._worker_id))
         await pipe.execute()

@@ -10,6 +10,15 @@ loaded for a PREPARE waits on standby (it can already answer a request routed to
 closes the window between a gateway's commit and this worker seeing it) until COMMIT installs
 it or ABORT unloads it. Versions a commit drops keep answering for ``retire_after_s`` so that
 requests routed to them before the switch finish on them, then they are unloaded.
+
+A model this worker does not serve yet, but may load (``ModelHost.may_load``: a folder of its
+repository, added after the start too, or one its ``--models`` names), is loaded whole for a
+PREPARE and held aside; COMMIT hands it to the worker (``ModelHost.add_model``), which serves it
+from then on; ABORT unloads it. That is how a load call brings in a new model without a restart.
+
+A committed policy this worker could not serve at start (``fell_back``: a version it names has
+no folder, or does not load) is recorded: the model is served as the repository config says,
+the status line and the advertisement say so, and the next commit for the model clears it.
 """
 
 from __future__ import annotations
@@ -17,8 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 import structlog
@@ -36,6 +44,23 @@ from runtime.readconn import BlockingReads, recover
 
 log = structlog.get_logger("inferq.worker")
 
+
+class ModelHost(Protocol):
+    """What model control needs of its worker (``consumer.worker.Worker``)."""
+
+    def may_load(self, name: str) -> bool:
+        """Whether a load of this model, not served here yet, is this worker's to do."""
+
+    async def load_model(self, config: ModelConfig) -> ServedModel:
+        """The model with every version of ``config`` loaded and warmed, not served yet."""
+
+    async def add_model(self, model: ServedModel) -> None:
+        """Serve a model loaded while running (streams, dispatcher, advertisement)."""
+
+    async def republish(self) -> None:
+        """Advertise what the models serve now."""
+
+
 RECENT_COMMANDS = 200
 """How far back a starting worker looks for a change in progress (commands are few)."""
 REPLY_TTL_S = 600
@@ -49,7 +74,7 @@ class ModelControl:
         *,
         redis: aioredis.Redis,
         reader: BlockingReads,
-        republish: Callable[[], Awaitable[None]],
+        host: ModelHost,
     ) -> None:
         s = context.settings
         self.worker_id = context.worker_id
@@ -60,7 +85,8 @@ class ModelControl:
         self._models = context.slots
         self._backoff = context.loops.backoff("control", critical=False)
         self._now_ms = context.clock.now_ms
-        self._republish = republish
+        self._host = host
+        self._metrics = context.metrics
         self._block_ms = s.block_ms
         self._retire_after_s = s.retire_after_s
         self._last_id = "0-0"
@@ -68,6 +94,11 @@ class ModelControl:
         self._generation: dict[str, int] = {}
         self._retirements: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, Command] = {}
+        self._incoming: dict[str, tuple[int, ServedModel]] = {}
+        """Models not served here, loaded for a PREPARE of that generation: served at COMMIT."""
+        self.fallbacks: dict[str, tuple[int, str]] = {}
+        """Model -> (generation, why) of a committed policy this worker could not serve at
+        start: it serves the repository config's versions instead."""
 
     async def committed_policies(self) -> dict[str, VersionPolicy]:
         """Mark the end of the control stream, then read the committed policies: every change
@@ -96,10 +127,8 @@ class ModelControl:
         gateway preparing a change counts it from now on): take part in the change that was
         being prepared when it started, and apply every command sent while it loaded. Otherwise
         a worker starting mid-change could be handed requests for a version it lacks."""
-        for name, command in self._in_flight.items():
-            model = self._models.model(name)
-            if model is not None:
-                await self._prepare(model, command)
+        for command in self._in_flight.values():
+            await self._handle(command)
         self._in_flight = {}
         while True:
             reply = await self._reader.xread({self._keys.control: self._last_id}, count=16)
@@ -134,6 +163,27 @@ class ModelControl:
         for task in self._retirements:
             task.cancel()
         await asyncio.gather(*self._retirements, return_exceptions=True)
+        for _, model in self._incoming.values():
+            await asyncio.to_thread(model.unload)
+        self._incoming = {}
+
+    def fell_back(self, name: str, policy: VersionPolicy, why: str) -> None:
+        """At start, the committed ``policy`` could not be served (``why``): the worker serves
+        the repository config's versions instead. Counted, logged, and said in the model's
+        status line and this worker's advertisement until a commit for the model."""
+        self.fallbacks[name] = (policy.generation, why)
+        self._metrics.observe_policy_fallback(name)
+        log.warning(
+            "the committed policy cannot be served; serving the repository config instead "
+            "(`inferq models reset` or a new load clears the policy)",
+            model=name,
+            policy_versions=list(policy.versions),
+            generation=policy.generation,
+            error=why,
+        )
+
+    def fallback_generations(self) -> dict[str, int]:
+        return {name: generation for name, (generation, _) in self.fallbacks.items()}
 
     async def _handle_entry(self, fields: dict[bytes, bytes]) -> None:
         try:
@@ -141,17 +191,113 @@ class ModelControl:
         except ProtocolError as e:
             log.warning("ignoring a control command", error=str(e))
             return
+        await self._handle(command)
+
+    async def _handle(self, command: Command) -> None:
         model = self._models.model(command.model)
-        if model is not None:
-            try:
-                if command.op is Op.PREPARE:
-                    await self._prepare(model, command)
-                elif command.op is Op.COMMIT:
-                    await self._commit(model, command.policy)
-                else:
-                    await self._abort(model, command.policy)
-            except RETRYABLE as e:
-                log.warning("control command not fully applied", op=command.op, error=str(e))
+        try:
+            if model is None:
+                if self._host.may_load(command.model):
+                    await self._handle_new(command)
+            elif command.op is Op.PREPARE:
+                await self._prepare(model, command)
+            elif command.op is Op.COMMIT:
+                await self._commit(model, command.policy)
+            else:
+                await self._abort(model, command.policy)
+        except RETRYABLE as e:
+            log.warning("control command not fully applied", op=command.op, error=str(e))
+
+    # -- a model not served here yet ---------------------------------------------------------
+
+    async def _handle_new(self, command: Command) -> None:
+        name, policy = command.model, command.policy
+        if command.op is Op.ABORT:
+            incoming = self._incoming.get(name)
+            if incoming is not None and incoming[0] == policy.generation:
+                del self._incoming[name]
+                await asyncio.to_thread(incoming[1].unload)
+            return
+        if command.op is Op.COMMIT:
+            await self._commit_new(name, policy)
+            return
+        started = time.perf_counter()
+        try:
+            model = await self._load_new(name, policy)
+        except Exception as e:  # any load failure is reported, as for a served model
+            await self._report_new_failure(name, policy, e, started, command.reply_to)
+            return
+        old = self._incoming.pop(name, None)
+        if old is not None:
+            await asyncio.to_thread(old[1].unload)
+        self._incoming[name] = (policy.generation, model)
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        log.info(
+            "new model loaded, waiting for commit",
+            model=name,
+            versions=list(model.config.versions),
+            load_ms=round(elapsed_ms, 1),
+        )
+        report = self._line(
+            model,
+            policy.generation,
+            load_ms=elapsed_ms,
+            versions=model.config.versions,
+            weights=model.config.weights,
+        )
+        await self._report(report, command.reply_to)
+
+    async def _load_new(self, name: str, policy: VersionPolicy) -> ServedModel:
+        config = load_config(self._repository, name, policy if policy.versions else None)
+        return await self._host.load_model(config)
+
+    async def _commit_new(self, name: str, policy: VersionPolicy) -> None:
+        if policy.generation <= self._generation.get(name, -1):
+            return
+        incoming = self._incoming.pop(name, None)
+        if incoming is not None and incoming[0] != policy.generation:
+            await asyncio.to_thread(incoming[1].unload)
+            incoming = None
+        if incoming is None:
+            if not policy.versions:
+                return  # unloaded: nothing to start serving
+            try:  # a commit this worker did not prepare (it started meanwhile): load now
+                model = await self._load_new(name, policy)
+            except Exception as e:
+                log.error("cannot serve the committed policy", model=name, error=str(e))
+                await self._report_new_failure(name, policy, e, time.perf_counter(), "")
+                return
+        else:
+            model = incoming[1]
+        self._generation[name] = policy.generation
+        await self._host.add_model(model)
+        await self._report(self._line(model, policy.generation), "")
+        log.info(
+            "model loaded and serving",
+            model=name,
+            versions=list(model.backends),
+            generation=policy.generation,
+        )
+
+    async def _report_new_failure(
+        self, name: str, policy: VersionPolicy, error: Exception, started: float, reply_to: str
+    ) -> None:
+        known = isinstance(error, RepositoryError | BackendError)
+        message = str(error) if known else f"{type(error).__name__}: {error}"
+        log.error("model load failed", model=name, versions=policy.versions, error=message)
+        report = LoadReport(
+            self.worker_id,
+            name,
+            policy.generation,
+            False,
+            (),
+            error=message,
+            load_ms=(time.perf_counter() - started) * 1000,
+            updated_ms=self._now_ms(),
+        )
+        await self._report(report, reply_to)
+
+    # -- a served model ------------------------------------------------------------------------
 
     async def _prepare(self, model: ServedModel, command: Command) -> None:
         policy = command.policy
@@ -227,7 +373,8 @@ class ModelControl:
                 return
         self._models[model.name].install(config)
         self._generation[model.name] = policy.generation
-        await self._republish()
+        self.fallbacks.pop(model.name, None)
+        await self._host.republish()
         await self._report(self._line(model, policy.generation), "")
         log.info(
             "model policy committed",
@@ -284,6 +431,7 @@ class ModelControl:
             load_ms=load_ms,
             updated_ms=self._now_ms(),
             weights=weights or {},
+            fallback=self.fallbacks.get(model.name, (0, ""))[1],
         )
 
     async def _report(self, report: LoadReport, reply_to: str) -> None:

@@ -90,6 +90,7 @@ class Dispatcher:
         ctx.metrics.observe_expired(self.slot.model.name, len(expired))
         for d in expired:
             r = d.request
+            ctx.stats.inference.expired(r.model, r.version, sum(d.waited(now)) / 1000)
             log.info(
                 "request expired before it ran",
                 request_id=r.id,
@@ -205,6 +206,14 @@ class Dispatcher:
         stats.batches += 1
         stats.requests += len(batch)
         stats.batch_sizes.append(len(batch))
+        stats.inference.batch(
+            outcome.results,
+            [rows_of(d.request) for d in batch],
+            input_s=outcome.input_s,
+            infer_s=outcome.infer_s,
+            output_s=outcome.output_s,
+            ended_ms=self._now_ms(),
+        )
         exemplar = None
         if tracer is not None:
             exemplar = tracer.batch(

@@ -28,6 +28,9 @@ once, with its help text and fixed label names. Who calls what:
   ``runtime.set_policy(policy, evicting)``.
 - ``Reclaimer.reclaim``, after ``XCLAIM``: ``observe_reclaimed(model, len(claimed))``, and
   ``observe_retry(model)`` for each claimed entry that will run again (not poison).
+- ``Worker.start``, for a model whose committed policy it cannot serve (a version the policy
+  names has no folder, or does not load) and serves as its repository config says instead:
+  ``observe_policy_fallback(model)``.
 
 Queue wait is measured on the Redis clock (gateway ``enqueued_ms`` to worker read), so host
 clock skew does not enter it; the other stages use this process's monotonic clock.
@@ -168,6 +171,15 @@ class WorkerMetrics:
             ["model", "reason"],
             registry=r,
         )
+        self.policy_fallbacks = Counter(
+            "inferq_worker_policy_fallbacks_total",
+            "Times this worker could not serve a model's committed admin policy (a version it "
+            "names has no folder in the repository, or does not load) and served the model as "
+            "its repository config says instead, by model. `inferq models reset MODEL` or a "
+            "new load clears the policy.",
+            model,
+            registry=r,
+        )
         self.runtime = RuntimeGauges(r)
         self.held = Gauge(
             "inferq_worker_held_entries",
@@ -240,6 +252,9 @@ class WorkerMetrics:
         reply = self.reply.labels(model)
         for s in seconds:
             reply.observe(max(0.0, s))
+
+    def observe_policy_fallback(self, model: str) -> None:
+        self.policy_fallbacks.labels(model).inc()
 
     def observe_write_failure(self, model: str, reason: str) -> None:
         self.write_failures.labels(model, _one_of(reason, WRITE_FAILURE_REASONS)).inc()

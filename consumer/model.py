@@ -39,6 +39,10 @@ class BatchOutcome:
     infer_s: float
     model_failed: bool = False
     """The model call itself failed (raised, or returned the wrong number of rows)."""
+    input_s: float = 0.0
+    """Gathering the requests' inputs into the batch's arrays."""
+    output_s: float = 0.0
+    """Splitting the outputs back into each request's tensors."""
 
     @property
     def failures(self) -> bool:
@@ -83,7 +87,7 @@ class ServedModel:
         return self.config.name
 
     def metadata(self) -> ModelMetadata:
-        return self.config.metadata(max_batch=self.max_batch)
+        return self.config.metadata(max_batch=self.max_batch, flush_ms=self.flush_s * 1000)
 
     def load(self) -> None:
         """Load every version of the config (at start; later changes go through ``install``)."""
@@ -188,7 +192,10 @@ class ServedModel:
         left = self._bisect(requests[:middle], waits[:middle], stamp)
         right = self._bisect(requests[middle:], waits[middle:], stamp)
         return BatchOutcome(
-            left.results + right.results, outcome.infer_s + left.infer_s + right.infer_s
+            left.results + right.results,
+            outcome.infer_s + left.infer_s + right.infer_s,
+            input_s=outcome.input_s + left.input_s + right.input_s,
+            output_s=left.output_s + right.output_s,
         )
 
     def _run_once(
@@ -200,11 +207,13 @@ class ServedModel:
             return _fail_all(requests, waits, stamp, f"version {version} is not loaded here", 0.0)
         counts = [rows_of(r) for r in requests]
         total = sum(counts)
+        gathering = time.perf_counter()
         try:
             inputs = _concatenate(requests)
         except ValueError as e:
             return _fail_all(requests, waits, stamp, f"inputs do not batch together: {e}", 0.0)
         started = time.perf_counter()
+        input_s = started - gathering
         try:
             outputs = _predict(backend, inputs, total, self.max_batch, self.config.outputs, stamp)
         except InvalidInput as e:
@@ -218,8 +227,9 @@ class ServedModel:
             elapsed = time.perf_counter() - started
             why = f"version {version} {e}" if isinstance(e, BadOutput) else f"failed: {e}"
             failed = _fail_all(requests, waits, stamp, f"model '{self.name}' {why}", elapsed)
-            return BatchOutcome(failed.results, elapsed, model_failed=True)
-        elapsed = time.perf_counter() - started
+            return BatchOutcome(failed.results, elapsed, model_failed=True, input_s=input_s)
+        splitting = time.perf_counter()
+        elapsed = splitting - started
         results = []
         offset = 0
         for request, waited, n in zip(requests, waits, counts, strict=True):
@@ -232,7 +242,8 @@ class ServedModel:
             ]
             offset += n
             results.append(stamp.result(request, waited, Status.OK, elapsed, outputs=tensors))
-        return BatchOutcome(results, elapsed)
+        output_s = time.perf_counter() - splitting
+        return BatchOutcome(results, elapsed, input_s=input_s, output_s=output_s)
 
     def _reject_row(
         self,
@@ -258,7 +269,11 @@ class ServedModel:
         outcome = self._run_once(rest, [*waits[:k], *waits[k + 1 :]], stamp)
         results = outcome.results
         return BatchOutcome(
-            [*results[:k], invalid, *results[k:]], elapsed + outcome.infer_s, outcome.model_failed
+            [*results[:k], invalid, *results[k:]],
+            elapsed + outcome.infer_s,
+            outcome.model_failed,
+            input_s=outcome.input_s,
+            output_s=outcome.output_s,
         )
 
 

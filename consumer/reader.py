@@ -81,16 +81,23 @@ class Reader:
 
     # -- groups ------------------------------------------------------------------------------
 
-    async def ensure_groups(self) -> None:
-        """Create every served stream and its consumer group where missing."""
-        for slot in self._slots.values():
-            for stream in slot.streams:
-                try:
-                    # From id 0: requests queued before any worker existed are served too.
-                    await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
-                except ResponseError as e:
-                    if "BUSYGROUP" not in str(e):
-                        raise
+    async def ensure_groups(self, streams: list[str] | None = None) -> None:
+        """Create every served stream (or just ``streams``) and its consumer group where
+        missing."""
+        wanted = streams or [s for slot in self._slots.values() for s in slot.streams]
+        for stream in wanted:
+            try:
+                # From id 0: requests queued before any worker existed are served too.
+                await self._redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
+            except ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    def extend(self, group: ReadGroup, streams: list[str]) -> None:
+        """A model loaded while running: ``group`` reads its ``streams`` too from its next read
+        on (a read blocked without them is woken by ``wake``)."""
+        group.streams = group.streams | frozenset(streams)
+        self.wake()
 
     # -- reading -----------------------------------------------------------------------------
 
@@ -118,9 +125,11 @@ class Reader:
 
     async def run(self) -> None:
         """Read every group, each in its own loop (one on one Redis)."""
-        await asyncio.gather(*(self._run(group) for group in self.groups))
+        await asyncio.gather(*(self.run_group(group) for group in self.groups))
 
-    async def _run(self, group: ReadGroup) -> None:
+    async def run_group(self, group: ReadGroup) -> None:
+        """One group's read loop (``run`` starts those of the groups known at start; a group
+        added for a model loaded later gets its loop from the worker)."""
         while not cancelling():
             streams, count, block = self._wanted(group)
             if not streams:

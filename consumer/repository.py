@@ -10,6 +10,7 @@ absolute paths and symlinks that point out of it are refused.
 from __future__ import annotations
 
 import math
+import os
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 from protocol.control import VersionPolicy, check_weights, version_order
 from protocol.errors import ProtocolError
 from protocol.keys import MAX_PARTITIONS, is_valid_name
-from protocol.registry import ModelMetadata, TensorSpec
+from protocol.registry import ModelMetadata, RepositoryModel, TensorSpec
 from protocol.tensor import DATATYPES
 
 CONFIG_FILE = "config.toml"
@@ -39,6 +40,11 @@ TOKENIZE_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 class RepositoryError(Exception):
     """A model that cannot be loaded from the repository, with where and why."""
+
+
+class MissingVersion(RepositoryError):
+    """A committed policy names a version that has no folder in the repository (removed since
+    the policy was committed, or never present on this worker)."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +151,10 @@ class ModelConfig:
         when the model has one, else the public inputs."""
         return self.inputs if self.preprocess is None else self.preprocess.output_specs()
 
-    def metadata(self, *, max_batch: int | None = None) -> ModelMetadata:
+    def metadata(
+        self, *, max_batch: int | None = None, flush_ms: float | None = None
+    ) -> ModelMetadata:
+        """As the gateway knows the model; ``max_batch`` and ``flush_ms``: a worker's overrides."""
         return ModelMetadata(
             name=self.name,
             versions=self.versions,
@@ -159,6 +168,8 @@ class ModelConfig:
             cache_ttl_s=self.cache_ttl_s,
             weights=self.weights,
             partitions=self.partitions,
+            backend=self.backend,
+            flush_ms=self.flush_ms if flush_ms is None else flush_ms,
         )
 
 
@@ -248,7 +259,7 @@ def _versions(
         weights = dict(override.weights)
         missing = [v for v in versions if v not in available]
         if missing:
-            raise RepositoryError(
+            raise MissingVersion(
                 f"{model_dir}: no version folder for {', '.join(missing)} "
                 f"(versions in the repository: {', '.join(available) or 'none'})"
             )
@@ -442,3 +453,79 @@ def list_models(repo: Path) -> list[str]:
     return sorted(
         p.name for p in repo.iterdir() if is_valid_name(p.name) and (p / CONFIG_FILE).is_file()
     )
+
+
+Fingerprint = tuple[int, int, tuple[tuple[str, tuple[tuple[str, int], ...]], ...]]
+
+
+class RepositoryScan:
+    """What a worker's repository holds for the models a load call may name on it: every model
+    folder (``names`` empty: the worker serves the whole repository), or just ``names``.
+
+    Rescanned with every heartbeat, so it must stay cheap: a model's config is parsed again only
+    when its folder changed (the config file's mtime and size, the version folders and the
+    names and mtimes of what they hold); otherwise a scan is a few ``stat`` calls per model.
+    Run it off the event loop (it touches the file system)."""
+
+    def __init__(
+        self,
+        repo: Path,
+        names: tuple[str, ...] = (),
+        *,
+        max_batch: int | None = None,
+        flush_ms: float | None = None,
+    ) -> None:
+        self.repo = repo
+        self.names = names
+        self._max_batch, self._flush_ms = max_batch, flush_ms
+        self._seen: dict[str, tuple[Fingerprint | None, RepositoryModel]] = {}
+
+    def scan(self) -> tuple[RepositoryModel, ...]:
+        try:
+            names = list(self.names) or list_models(self.repo)
+        except (RepositoryError, OSError):
+            names = []
+        found: dict[str, tuple[Fingerprint | None, RepositoryModel]] = {}
+        for name in names:
+            fingerprint = _fingerprint(self.repo / name) if is_valid_name(name) else None
+            seen = self._seen.get(name)
+            if seen is not None and fingerprint is not None and seen[0] == fingerprint:
+                found[name] = seen
+            else:
+                found[name] = (fingerprint, self._describe(name))
+        self._seen = found
+        return tuple(model for _, model in found.values())
+
+    def _describe(self, name: str) -> RepositoryModel:
+        folder = self.repo / name
+        versions: tuple[str, ...] = ()
+        try:
+            if is_valid_name(name) and folder.is_dir():
+                versions = tuple(available_versions(folder))
+            config = load_config(self.repo, name)
+        except (RepositoryError, OSError) as e:
+            return RepositoryModel(name, versions, None, str(e))
+        except Exception as e:  # an operator's file must never end the heartbeat that scans it
+            return RepositoryModel(name, versions, None, f"{type(e).__name__}: {e}")
+        meta = config.metadata(
+            max_batch=self._max_batch or config.max_batch,
+            flush_ms=config.flush_ms if self._flush_ms is None else self._flush_ms,
+        )
+        return RepositoryModel(name, versions, meta)
+
+
+def _fingerprint(folder: Path) -> Fingerprint | None:
+    """What changes when anything that ``load_config`` reads there changes; None when the
+    folder cannot be read (the model is described again at every scan)."""
+    try:
+        config = (folder / CONFIG_FILE).stat()
+        versions = []
+        with os.scandir(folder) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if entry.is_dir():
+                    with os.scandir(entry.path) as files:
+                        held = tuple(sorted((f.name, f.stat().st_mtime_ns) for f in files))
+                    versions.append((entry.name, held))
+    except OSError:
+        return None
+    return config.st_mtime_ns, config.st_size, tuple(versions)

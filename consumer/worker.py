@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from dataclasses import replace
 
 import redis.asyncio as aioredis
 import structlog
@@ -27,14 +28,21 @@ from consumer.model import ServedModel
 from consumer.outgoing import Outcomes
 from consumer.reader import Reader, ReadGroup
 from consumer.reclaimer import Reclaimer
-from consumer.repository import ModelConfig, RepositoryError, list_models, load_config
+from consumer.repository import (
+    CONFIG_FILE,
+    ModelConfig,
+    RepositoryError,
+    RepositoryScan,
+    list_models,
+    load_config,
+)
 from consumer.settings import WorkerSettings
 from consumer.slots import ModelSlot, ModelSlots
 from consumer.stats import WorkerStats
 from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
 from protocol.jobs import TRANSITION_SCRIPT
-from protocol.keys import Keys, hash_tag
+from protocol.keys import Keys, hash_tag, is_valid_name
 from protocol.registry import WorkerInfo
 from runtime import tracing
 from runtime.broker import Broker, Script, connect
@@ -73,6 +81,16 @@ class Worker:
         self.eviction = EvictionCheck(log, self.metrics.runtime.set_policy)
         self.skipped: dict[str, str] = {}
         """Models of the repository not served, and why (serving the whole repository)."""
+        self.repository = RepositoryScan(
+            settings.model_repository,
+            settings.models,
+            max_batch=settings.max_batch,
+            flush_ms=settings.flush_ms,
+        )
+        """What this worker may be asked to load, advertised with every heartbeat."""
+        self._reader_loops = ["reader"]
+        self._serving = False
+        """The loops run (until then, ``_start_loops`` starts a model added meanwhile)."""
         self._metrics_server: MetricsServer | None = None
         self._started_ms = 0
         self.broker: Broker | None = None
@@ -133,7 +151,6 @@ class Worker:
         assert self._reader is not None and self._advertiser is not None
         await self._reader.ensure_groups()
         self._started_ms = self.clock.now_ms()
-        self._advertiser.info = self._info()
         # Advertise, then catch up on model changes, then read: a change being prepared counts
         # this worker from its advertisement on, and this worker has that change's versions
         # before it reads a request that might be routed to them.
@@ -190,16 +207,22 @@ class Worker:
                 return True
         return False
 
-    def _read_groups(self) -> list[ReadGroup]:
+    def _read_groups(self, streams: list[str] | None = None, prefix: str = "") -> list[ReadGroup]:
         """The reader's groups (see ``ReadGroup``): the streams one ``XREADGROUP`` may read
         together (all of them on one Redis, those of one hash slot on a cluster), each on a
-        connection of its own to where they live."""
+        connection of its own to where they live. By default, of every served stream."""
         assert self.broker is not None
-        streams = sorted({st for slot in self.slots.values() for st in slot.streams})
+        if streams is None:
+            streams = sorted({st for slot in self.slots.values() for st in slot.streams})
         together = self.broker.colocated(streams)
         groups = []
         for members in together:
-            name = "reader" if len(together) == 1 else f"reader-{hash_tag(members[0])}"
+            if prefix:
+                name = prefix
+            elif len(together) == 1:
+                name = "reader"
+            else:
+                name = f"reader-{hash_tag(members[0])}"
             reads = self.broker.blocking_reads(
                 members[0], name=f"inferq-worker-reader-{self.id}", block_ms=self.settings.block_ms
             )
@@ -235,31 +258,83 @@ class Worker:
 
     def _model_control(self, redis: aioredis.Redis) -> ModelControl:
         assert self.context is not None and self._control_reader is not None
-        return ModelControl(
-            self.context, redis=redis, reader=self._control_reader, republish=self._republish
-        )
+        return ModelControl(self.context, redis=redis, reader=self._control_reader, host=self)
 
     async def _load_models(
         self, configs: dict[str, ModelConfig], policies: dict[str, VersionPolicy]
     ) -> None:
-        s = self.settings
         for n, config in configs.items():
             try:
-                if n in policies:
-                    config = load_config(s.model_repository, n, policies[n])
-                model = ServedModel(
-                    config, device=s.device, max_batch=s.max_batch, flush_ms=s.flush_ms
-                )
-                await asyncio.to_thread(model.load)
+                model = await self._start_model(config, policies.get(n))
             except (RepositoryError, BackendError, ImportError) as e:
                 self._skip(n, e)
                 continue
             self.slots.add(ModelSlot(model, self.keys))
         if not self.slots:
             raise RuntimeError(
-                f"none of the models in {s.model_repository} could be loaded: "
+                f"none of the models in {self.settings.model_repository} could be loaded: "
                 + "; ".join(f"{n}: {why}" for n, why in self.skipped.items())
             )
+
+    async def _start_model(self, config: ModelConfig, policy: VersionPolicy | None) -> ServedModel:
+        """The model loaded as its committed policy says; when that cannot be served (a version
+        it names has no folder, or does not load), as its repository config says, and model
+        control records the fallback: a stale policy must never leave a model with nothing
+        served while the repository holds a servable version."""
+        if policy is not None:
+            try:
+                committed = load_config(self.settings.model_repository, config.name, policy)
+                return await self.load_model(committed)
+            except (RepositoryError, BackendError, ImportError) as e:
+                assert self.control is not None
+                self.control.fell_back(config.name, policy, str(e))
+        return await self.load_model(config)
+
+    async def load_model(self, config: ModelConfig) -> ServedModel:
+        """A model of this worker, its versions loaded and warmed (off the event loop)."""
+        s = self.settings
+        model = ServedModel(config, device=s.device, max_batch=s.max_batch, flush_ms=s.flush_ms)
+        await asyncio.to_thread(model.load)
+        return model
+
+    def may_load(self, name: str) -> bool:
+        """Whether a load call may name this model here: one ``--models`` names, or, serving
+        the whole repository, any folder of it with a config (added since the start too)."""
+        s = self.settings
+        if s.models:
+            return name in s.models
+        return is_valid_name(name) and (s.model_repository / name / CONFIG_FILE).is_file()
+
+    async def add_model(self, model: ServedModel) -> None:
+        """Serve a model loaded while running: its streams and consumer group, read by the
+        groups that may read them together (a group of its own on another cluster slot), its
+        dispatcher, and the advertisement."""
+        assert self._reader is not None and self.broker is not None
+        slot = ModelSlot(model, self.keys)
+        await self._reader.ensure_groups(slot.streams)
+        self.slots.add(slot)
+        for members in self.broker.colocated(slot.streams):
+            group = next(
+                (
+                    g
+                    for g in self._reader.groups
+                    if len(self.broker.colocated([*g.streams, *members])) == 1
+                ),
+                None,
+            )
+            if group is not None:
+                self._reader.extend(group, members)
+                continue
+            (group,) = self._read_groups(members, prefix=f"reader-{hash_tag(members[0])}")
+            self._reader.groups.append(group)
+            if self._serving:  # else the reader's own loop reads every group
+                self._reader_loops.append(group.name)
+                self.loops.spawn(group.name, self._reader.run_group(group))
+        if self._serving:  # else _start_loops starts every slot's dispatcher
+            self.loops.spawn(f"dispatch-{model.name}", self._dispatcher(slot).run())
+        self.skipped.pop(model.name, None)
+        self._reader.wake()
+        await self.republish()
 
     def _serve_metrics(self) -> None:
         s = self.settings
@@ -281,7 +356,13 @@ class Worker:
         """The reader, advertiser and reclaimer, wired to each other's narrow faces."""
         assert self.context is not None
         self._reader = Reader(self.context, redis, self._read_groups())
-        self._advertiser = Advertiser(self.context, redis, self._info(), self.eviction)
+        self._advertiser = Advertiser(
+            self.context,
+            redis,
+            describe=self._describe,
+            statistics=self.stats.inference.encode,
+            eviction=self.eviction,
+        )
         assert self.broker is not None
         self.reclaimer = Reclaimer(self.context, self.broker, self._reader)
 
@@ -307,6 +388,7 @@ class Worker:
         self.loops.spawn("control", self.control.run())
         self.loops.spawn("reclaimer", self.reclaimer.run())
         self.metrics.runtime.track_loops(self.loops.health)
+        self._serving = True
 
     async def stop(self) -> None:
         """Stop reading, finish queued and running batches (up to the drain timeout), publish
@@ -315,7 +397,7 @@ class Worker:
         if self._reader is not None:
             # A blocking read in flight may already have been handed entries: take them.
             await self._reader.finish(self.settings.block_ms / 1000 + 1.0)
-        await self.loops.cancel(["reader"])
+        await self.loops.cancel(self._reader_loops)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._drain(), self.settings.drain_timeout_s)
         await self.loops.cancel()
@@ -354,19 +436,30 @@ class Worker:
         self.skipped[name] = str(error)
         log.warning("model skipped: it cannot be loaded", model=name, error=str(error))
 
-    def _info(self) -> WorkerInfo:
+    async def _describe(self) -> WorkerInfo:
+        """This worker's advertisement now: what it serves, and what its repository holds
+        (rescanned; cheap when nothing changed, see ``RepositoryScan``)."""
+        listing = await asyncio.to_thread(self.repository.scan)
+        # A model that failed at start says why (its config may be fine: a missing package).
+        held = tuple(
+            replace(m, error=self.skipped[m.name])
+            if m.name in self.skipped and m.name not in self.slots and not m.error
+            else m
+            for m in listing
+        )
         return WorkerInfo(
             id=self.id,
             host=self.id.rsplit("-", 2)[0],
             pid=os.getpid(),
             started_ms=self._started_ms,
             models=tuple(model.metadata() for model in self.slots.models()),
+            repository=held,
+            fallbacks=self.control.fallback_generations() if self.control is not None else {},
         )
 
-    async def _republish(self) -> None:
+    async def republish(self) -> None:
         """Advertise what the models serve now (after a version change)."""
         if self._advertiser is not None:
-            self._advertiser.info = self._info()
             await self._advertiser.publish()
 
     async def _drain(self) -> None:

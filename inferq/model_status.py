@@ -3,8 +3,10 @@ which version (with the last load error, if any), read from Redis.
 
 What it shows is what the gateways route by: the committed policy (``POST
 /v2/repository/models/{m}/load``) where there is one, else the live workers' own advertisement
-of their repository config. Only live workers are listed; a status line left by a worker that
-has gone is not shown.
+of their repository config. A committed policy the workers could not serve (a version it names
+has no folder) is shown with the fallback: the model serves its repository config until a new
+load or ``inferq models reset`` (``inferq.models_cli``). Only live workers are listed; a status
+line left by a worker that has gone is not shown.
 """
 
 from __future__ import annotations
@@ -43,6 +45,8 @@ class ModelView:
             return "UNLOADED"
         if not self.entry.workers:
             return "UNAVAILABLE"
+        if self.entry.fallback:
+            return "READY (config fallback)"
         if any(not w.ok for w in self.workers):
             return "READY (last load failed)"
         return "READY"
@@ -56,6 +60,7 @@ class ModelView:
             "traffic": self.entry.traffic,
             "policy_generation": policy.generation if policy else 0,
             "policy": "admin" if policy else "repository config",
+            "fallback": self.entry.fallback,
             "workers": [
                 {
                     "worker": w.worker,
@@ -64,6 +69,7 @@ class ModelView:
                     "error": w.error,
                     "generation": w.generation,
                     "updated_ms": w.updated_ms,
+                    "fallback": w.fallback,
                 }
                 for w in self.workers
             ],
@@ -106,18 +112,23 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 def render_list(views: Sequence[ModelView]) -> str:
     rows = [("MODEL", "VERSIONS", "TRAFFIC", "WORKERS", "POLICY", "STATE")]
     for v in views:
-        policy = v.entry.policy
         rows.append(
             (
                 v.name,
                 ",".join(v.entry.metadata.versions) or "-",
                 _traffic(v.entry),
                 str(v.entry.workers),
-                f"admin (gen {policy.generation})" if policy else "config",
+                _policy(v.entry),
                 v.state,
             )
         )
     return _table(rows) + "\n"
+
+
+def _policy(entry: ModelEntry) -> str:
+    if entry.policy is None:
+        return "config"
+    return f"admin (gen {entry.policy.generation}){', fallback' if entry.fallback else ''}"
 
 
 def render_status(views: Sequence[ModelView]) -> str:
@@ -125,6 +136,12 @@ def render_status(views: Sequence[ModelView]) -> str:
     for v in views:
         policy = v.entry.policy
         source = f"admin policy, generation {policy.generation}" if policy else "repository config"
+        if policy is not None and v.entry.fallback:
+            source = (
+                f"the admin policy, generation {policy.generation}, cannot be served: the model "
+                "falls back to its repository config; `inferq models reset "
+                f"{v.name}` or a new load clears it"
+            )
         out.append(
             f"{v.name}: {v.state}; versions {', '.join(v.entry.metadata.versions) or 'none'}; "
             f"traffic {_traffic(v.entry)} ({source})"
@@ -145,6 +162,9 @@ def render_status(views: Sequence[ModelView]) -> str:
                 )
             )
         out.append(_table(rows))
+        for w in v.workers:
+            if w.fallback:
+                out.append(f"  {w.worker} falls back to its repository config: {w.fallback}")
     return "\n".join(out) + "\n"
 
 

@@ -5,6 +5,8 @@ runs it and returns the exit status), so ``run`` only dispatches:
 
 - ``build-examples [--repository DIR] [--only NAME,...]``: build the example models that are not
   in git (``minilm``, ``digits-pt``; see ``inferq.examples``) into the repository.
+- ``list``, ``status`` (``inferq.model_status``): what serves, read from Redis.
+- ``reset MODEL`` (``inferq.model_reset``): back to the repository config, through the gateway.
 
 ``inferq.cli`` registers the group with ``add_parser`` and calls ``run``.
 """
@@ -31,9 +33,10 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     )
     actions = parser.add_subparsers(dest="models_command", required=True, metavar="ACTION")
     _add_build_examples(actions, environ)
-    from inferq import model_status
+    from inferq import model_reset, model_status
 
     model_status.add_actions(actions, environ)
+    model_reset.add_action(actions, environ)
     # Further actions go here, one function each, shaped like _add_build_examples: add a
     # subparser to `actions`, its flags, and set_defaults(models_run=<function(args) -> int>).
 

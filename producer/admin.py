@@ -1,5 +1,6 @@
 """Model control, the Triton model-repository API: index, load (with versions and traffic
-weights), unload. Every call needs the admin bearer token.
+weights), unload, and inferq's reset (back to the repository config). Every call needs the
+admin bearer token.
 
 A load is the two-phase change described in ``protocol.control``: this gateway sends PREPARE,
 waits until every live worker serving the model has loaded and warmed the new versions (or one
@@ -28,7 +29,7 @@ from producer.errors import (
     ServiceUnavailable,
     Unauthorized,
 )
-from producer.registry import ModelEntry, ModelRegistry, status_lines
+from producer.registry import ModelEntry, ModelRegistry, RepositoryEntry, status_lines
 from producer.settings import GatewaySettings
 from protocol import ProtocolError
 from protocol.control import (
@@ -44,6 +45,12 @@ from protocol.keys import Keys, is_valid_name
 
 log = structlog.get_logger("inferq.gateway")
 
+READY, UNAVAILABLE = "READY", "UNAVAILABLE"
+"""The states of the repository index (Triton's names); ``index_rows`` says when each holds."""
+NEW_FOLDER_WAIT_S = 3.0
+"""How long a change naming a model no live worker knows looks for it: workers rescan their
+repositories with every heartbeat (2 s by default), so a folder copied just before the call is
+found."""
 CONTROL_MAXLEN = 1_000
 """Control-stream entries kept (approximate trim): commands are applied within seconds."""
 _POLL_S = 0.02
@@ -135,33 +142,19 @@ class ModelAdmin:
     # -- index -----------------------------------------------------------------------------
 
     async def index(self, *, ready_only: bool = False) -> list[dict[str, Any]]:
-        """One row per model version (Triton's shape: name, version, state, reason)."""
+        """Every model the workers serve or their repositories hold, one row per served version
+        (Triton's shape: name, version, state, reason; see ``index_rows`` for the states)."""
         await self.registry.refresh()
-        names = sorted(self.registry.models)
+        served, held = self.registry.models, self.registry.repository
+        names = sorted(set(served) | set(held))
         statuses = await self.statuses(names)
         rows: list[dict[str, Any]] = []
         for name in names:
-            entry = self.registry.models[name]
-            failures = [r for r in statuses.get(name, []) if not r.ok]
-            reason = "; ".join(f"worker {r.worker}: {r.error}" for r in failures)
-            if entry.unloaded:
-                rows.append({"name": name, "state": "UNAVAILABLE", "reason": "unloaded"})
-                continue
-            ready = entry.workers > 0
-            for version in entry.metadata.versions:
-                rows.append(
-                    {
-                        "name": name,
-                        "version": version,
-                        "state": "READY" if ready else "UNAVAILABLE",
-                        "reason": reason if ready else reason or "no live worker serves it",
-                        "traffic": entry.traffic.get(version, 0.0),
-                    }
-                )
-        return [r for r in rows if r["state"] == "READY"] if ready_only else rows
+            rows += index_rows(name, served.get(name), held.get(name), statuses.get(name, []))
+        return [r for r in rows if r["state"] == READY] if ready_only else rows
 
     async def statuses(self, names: list[str]) -> dict[str, list[LoadReport]]:
-        """Each model's status lines, from the live workers that serve it."""
+        """Each model's status lines, from the live workers that serve it or may load it."""
         workers = self.registry.live_worker_infos()
         pipe = self.redis.pipeline(transaction=False)
         for name in names:
@@ -171,38 +164,73 @@ class ModelAdmin:
             name: status_lines(raw, name, workers) for name, raw in zip(names, replies, strict=True)
         }
 
-    # -- load / unload ---------------------------------------------------------------------
+    # -- load / unload / reset ---------------------------------------------------------------
 
     async def load(self, model: str, params: Any) -> dict[str, Any]:
+        """Serve the versions ``params`` name (or those the repository config names) on every
+        live worker that serves the model, or, when none does, whose repository holds it: a
+        model folder added after the workers started is loaded this way."""
         request = parse_load(params)
-        entry, workers = await self._served(model)
+        entry, workers = await self._targets(model)
+        return await self._change(model, entry, workers, request.versions, request.weights)
+
+    async def reset(self, model: str) -> dict[str, Any]:
+        """Return the model to its repository config's policy: the workers load what the
+        config names (two-phase, as a load), and the committed admin policy is deleted, so
+        workers that start later follow the config too."""
+        entry, workers = await self._targets(model)
+        return await self._change(model, entry, workers, (), {}, admin=False)
+
+    async def _change(
+        self,
+        model: str,
+        entry: ModelEntry | None,
+        workers: list[str],
+        versions: tuple[str, ...],
+        weights: dict[str, float],
+        *,
+        admin: bool = True,
+    ) -> dict[str, Any]:
+        """The two-phase change: prepare everywhere, then commit (``admin``: as the model's
+        policy; else back to its config) or abort with every worker's reason."""
         async with self._locked(model):
             generation = int(await self.redis.incr(self.keys.policy_generation))
-            wanted = VersionPolicy(request.versions, request.weights, generation)
+            wanted = VersionPolicy(versions, weights, generation)
             reports, left = await self._prepare(model, wanted, workers)
             failed = [r for r in reports.values() if not r.ok]
             missing = sorted(set(workers) - set(reports) - left)
-            if failed or missing:
+            if failed or missing or not reports:
                 await self._send(Command(Op.ABORT, model, wanted))
                 problems = [f"worker {r.worker}: {r.error}" for r in failed]
                 problems += [
                     f"worker {w}: did not answer within {self.settings.admin_load_timeout_s:g} s"
                     for w in missing
                 ]
+                problems = problems or ["every worker that could load it has gone"]
                 log.error("model load failed", model=model, errors=problems)
-                serving = ", ".join(entry.metadata.versions) or "nothing"
+                served = entry.metadata.versions if entry is not None else ()
                 raise BadRequest(
                     f"failed to load model '{model}' ({_describe(wanted)}): "
-                    f"{'; '.join(problems)}. Nothing changed: it still serves {serving}"
+                    f"{'; '.join(problems)}. Nothing changed: it still serves "
+                    f"{', '.join(served) or 'nothing'}"
                 )
             try:
                 policy = self._final(wanted, reports)
             except Conflict:
                 await self._send(Command(Op.ABORT, model, wanted))
                 raise
-            await self._commit(model, policy)
-        log.info("model loaded", model=model, versions=policy.versions, weights=policy.weights)
-        return self._answer(model, policy, reports)
+            await self._commit(model, policy, admin=admin)
+            if not admin:
+                await self._until_served(model, policy.versions)
+            elif entry is None or not entry.workers:
+                await self._until_served(model)
+        log.info(
+            "model loaded" if admin else "model reset to its repository config",
+            model=model,
+            versions=policy.versions,
+            weights=policy.weights,
+        )
+        return self._answer(model, policy, reports, admin=admin)
 
     async def unload(self, model: str, params: Any) -> dict[str, Any]:
         """Unload the model (every version), or with ``{"version": v}`` drop one version from
@@ -212,19 +240,21 @@ class ModelAdmin:
             params = {}
         if not isinstance(params, dict) or set(params) - {"version", "unload_dependents"}:
             raise BadRequest("unload takes no parameters other than 'version'")
-        entry, _ = await self._served(model, need_workers=False)
+        entry, _ = await self._targets(model, need_workers=False)
+        served = entry.metadata.versions if entry is not None else ()
         async with self._locked(model):
             generation = int(await self.redis.incr(self.keys.policy_generation))
             versions: tuple[str, ...] = ()
             weights: dict[str, float] = {}
             if "version" in params:
                 version = str(params["version"])
-                if version not in entry.metadata.versions:
+                if version not in served:
                     raise NotFound(
                         f"model '{model}' does not serve version '{version}' (versions: "
-                        f"{', '.join(entry.metadata.versions) or 'none'})"
+                        f"{', '.join(served) or 'none'})"
                     )
-                versions = tuple(v for v in entry.metadata.versions if v != version)
+                assert entry is not None
+                versions = tuple(v for v in served if v != version)
                 weights = {v: w for v, w in entry.traffic.items() if v != version}
                 if not any(weights.values()):
                     weights = {}
@@ -235,36 +265,70 @@ class ModelAdmin:
 
     # -- steps -----------------------------------------------------------------------------
 
-    async def _served(
+    async def _targets(
         self, model: str, *, need_workers: bool = True
-    ) -> tuple[ModelEntry, list[str]]:
+    ) -> tuple[ModelEntry | None, list[str]]:
+        """The model's entry (None for one never served) and the live workers a change of it
+        goes to (``_candidates``). A name no worker
+        knows is looked for again until the workers' next heartbeats (they rescan their
+        repositories with each), so a folder copied just now is found."""
         if not is_valid_name(model):
             raise BadRequest(
                 f"invalid model name {model!r}: model names are folder names inside the model "
                 "repository (letters, digits, '_', '-', '.'; no paths)"
             )
         await self.registry.refresh()
+        deadline = time.monotonic() + NEW_FOLDER_WAIT_S
+        while (
+            model not in self.registry.models
+            and model not in self.registry.repository
+            and self.registry.live_worker_infos()
+            and time.monotonic() < deadline
+        ):
+            await asyncio.sleep(_POLL_S * 10)
+            await self.registry.refresh()
         entry = self.registry.models.get(model)
-        if entry is None:
-            known = ", ".join(sorted(self.registry.models)) or "none"
-            raise NotFound(f"unknown model '{model}' (models known: {known})")
-        workers = sorted(self._serving(model))
+        if entry is None and model not in self.registry.repository:
+            known = ", ".join(sorted({*self.registry.models, *self.registry.repository}))
+            raise NotFound(
+                f"unknown model '{model}': no live worker serves it or holds it in its model "
+                f"repository (models known: {known or 'none'})"
+            )
+        workers = sorted(self._candidates(model))
         if need_workers and not workers:
             raise ServiceUnavailable(
-                f"no live worker serves model '{model}' to load it; start one with "
-                f"`inferq worker --models {model}`",
+                f"no live worker serves model '{model}' or holds it in its repository to load "
+                f"it; start one with `inferq worker --models {model}`",
                 retry_after_s=5,
             )
         return entry, workers
+
+    async def _until_served(self, model: str, versions: tuple[str, ...] | None = None) -> None:
+        """Until the workers advertise what was just committed (they do as soon as they apply
+        the commit): a model no live worker served before (so a request sent right after the
+        load is routed, as after a Triton load), or, after a reset, exactly ``versions`` (with
+        no policy stored, the gateways route by the advertisements)."""
+        deadline = time.monotonic() + self.settings.admin_load_timeout_s
+        while time.monotonic() < deadline:
+            await self.registry.refresh()
+            entry = self.registry.models.get(model)
+            if entry is not None and entry.ready:
+                if versions is None or entry.metadata.versions == versions:
+                    return
+            await asyncio.sleep(_POLL_S)
 
     def _locked(self, model: str) -> _ModelLock:
         ttl_s = self.settings.admin_load_timeout_s + 30
         return _ModelLock(self.redis, self.keys.model_lock(model), model, ttl_s)
 
-    async def _commit(self, model: str, policy: VersionPolicy) -> None:
-        """Store the policy and tell every worker, atomically; route by it here at once."""
+    async def _commit(self, model: str, policy: VersionPolicy, *, admin: bool = True) -> None:
+        """Store the policy (``admin``; else delete it: the config decides again) and tell every
+        worker, atomically; route by it here at once."""
         pipe = self.redis.pipeline(transaction=True)
-        pipe.hset(self.keys.policies, model, policy.encode())
+        if admin:
+            pipe.hset(self.keys.policies, model, policy.encode())
+        else:
+            pipe.hdel(self.keys.policies, model)
         pipe.xadd(
             self.keys.control,
             {COMMAND_FIELD: Command(Op.COMMIT, model, policy).encode()},
@@ -272,7 +336,7 @@ class ModelAdmin:
             approximate=True,
         )
         await pipe.execute()
-        self.registry.apply_policy(model, policy)
+        self.registry.apply_policy(model, policy if admin else None)
 
     async def _send(self, command: Command) -> None:
         await self.redis.xadd(
@@ -310,21 +374,25 @@ class ModelAdmin:
             answered = not expected - set(reports)
             if answered or time.monotonic() >= next_look:
                 await self.registry.refresh()
-                expected = self._serving(model) | (expected & set(reports))
+                expected = self._candidates(model) | (expected & set(reports))
                 next_look = time.monotonic() + 1.0
                 if not expected - set(reports):
                     break
             await asyncio.sleep(_POLL_S)
         await self.redis.delete(reply_to)
+        # A worker that holds the model without serving it may answer too (it cannot know that
+        # others serve it): only the workers the change is for count.
+        reports = {w: r for w, r in reports.items() if w in expected}
         return reports, set(workers) - expected - set(reports)
 
-    def _serving(self, model: str) -> set[str]:
-        """Live workers that advertise the model, as of the last registry refresh."""
-        return {
-            w.id
-            for w in self.registry.live_worker_infos()
-            if any(m.name == model for m in w.models)
-        }
+    def _candidates(self, model: str) -> set[str]:
+        """The live workers a change of the model goes to, as of the last registry refresh:
+        those that serve it; when none does, those whose repository holds it. (A worker that
+        holds a served model without serving it, one whose load failed at start, is not asked:
+        its failure must not block a change of what serves. It loads the model at the commit.)"""
+        workers = self.registry.live_worker_infos()
+        serving = {w.id for w in workers if any(m.name == model for m in w.models)}
+        return serving or {w.id for w in workers if w.holds(model)}
 
     def _final(self, wanted: VersionPolicy, reports: dict[str, LoadReport]) -> VersionPolicy:
         """The policy to commit. A load by the repository config takes the versions and weights
@@ -341,13 +409,19 @@ class ModelAdmin:
         return VersionPolicy(versions, dict(weights), wanted.generation)
 
     def _answer(
-        self, model: str, policy: VersionPolicy, reports: dict[str, LoadReport]
+        self,
+        model: str,
+        policy: VersionPolicy,
+        reports: dict[str, LoadReport],
+        *,
+        admin: bool = True,
     ) -> dict[str, Any]:
         return {
             "name": model,
             "versions": list(policy.versions),
             "traffic": {v: w for v, w in policy.traffic().items()},
             "generation": policy.generation,
+            "policy": "admin" if admin else "repository config",
             "workers": {
                 r.worker: {"versions": list(r.versions), "load_ms": round(r.load_ms, 1)}
                 for r in reports.values()
@@ -377,6 +451,65 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+def index_rows(
+    name: str,
+    entry: ModelEntry | None,
+    held: RepositoryEntry | None,
+    lines: list[LoadReport],
+) -> list[dict[str, Any]]:
+    """A model's rows of the repository index. The states, for a person reading them:
+
+    - ``READY``, one row per served version (with its share of ``traffic``): a live worker
+      serves it. ``reason`` names the last failed change, or a fallback: the committed policy
+      names a version the workers could not serve, so they serve the repository config's.
+    - ``UNAVAILABLE``, reason ``unloaded``: an administrator unloaded every version; a load
+      brings it back.
+    - ``UNAVAILABLE`` without a version: a worker's repository holds it, unloaded (a folder
+      added after the workers started, or one whose config failed at start: the reason says
+      which); a load serves it.
+    - ``UNAVAILABLE`` per version, ``no live worker serves it``: known from earlier, but no live
+      worker serves it or holds it.
+    """
+    failures = "; ".join(f"worker {r.worker}: {r.error}" for r in lines if not r.ok)
+    if entry is not None and entry.ready:
+        reason = failures
+        if entry.fallback:
+            why = "; ".join(f"worker {r.worker}: {r.fallback}" for r in lines if r.fallback)
+            generation = entry.policy.generation if entry.policy else 0
+            reason = "; ".join(
+                x
+                for x in (
+                    f"serving the repository config: the committed policy (generation "
+                    f"{generation}) cannot be served ({why or 'a version it names is missing'})",
+                    failures,
+                )
+                if x
+            )
+        return [
+            {
+                "name": name,
+                "version": version,
+                "state": READY,
+                "reason": reason,
+                "traffic": entry.traffic.get(version, 0.0),
+            }
+            for version in entry.metadata.versions
+        ]
+    if entry is not None and entry.unloaded and (entry.workers or held is not None):
+        return [{"name": name, "state": UNAVAILABLE, "reason": "unloaded"}]
+    if held is not None:
+        errors = "; ".join(f"worker {w}: {e}" for w, e in sorted(held.errors.items()))
+        reason = errors or failures or "not loaded"
+        return [{"name": name, "state": UNAVAILABLE, "reason": reason}]
+    assert entry is not None
+    gone = failures or "no live worker serves it"
+    rows = [
+        {"name": name, "version": v, "state": UNAVAILABLE, "reason": gone}
+        for v in entry.metadata.versions
+    ]
+    return rows or [{"name": name, "state": UNAVAILABLE, "reason": gone}]
 
 
 def _describe(policy: VersionPolicy) -> str:

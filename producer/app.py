@@ -35,7 +35,14 @@ from producer.settings import GatewaySettings
 from producer.v2_request import parse_infer_request
 from protocol.jobs import JobRecord
 
-EXTENSIONS = ["binary_tensor_data", "schedule_policy", "async_jobs"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "schedule_policy",
+    "async_jobs",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+]
 
 
 def _gateway(request: Request) -> Gateway:
@@ -92,11 +99,22 @@ async def model_ready(request: Request) -> Response:
     entry, version = await _gateway(request).service.model(
         p["model"], p.get("version"), route=False
     )
-    ok = entry.workers > 0 and not entry.unloaded
+    ok = entry.ready
     return JSONResponse(
         {"name": entry.metadata.name, "version": version, "ready": ok},
         status_code=200 if ok else 503,
     )
+
+
+async def model_config(request: Request) -> Response:
+    p = request.path_params
+    return JSONResponse(await _gateway(request).introspection.config(p["model"], p.get("version")))
+
+
+async def model_stats(request: Request) -> Response:
+    p = request.path_params
+    stats = await _gateway(request).introspection.statistics(p.get("model"), p.get("version"))
+    return JSONResponse(stats)
 
 
 def _job_response(
@@ -192,6 +210,11 @@ async def repository_load(request: Request) -> Response:
     return JSONResponse(await _gateway(request).admin.load(model, body.get("parameters")))
 
 
+async def repository_reset(request: Request) -> Response:
+    await _admin_body(request)
+    return JSONResponse(await _gateway(request).admin.reset(request.path_params["model"]))
+
+
 async def repository_unload(request: Request) -> Response:
     body = await _admin_body(request)
     model = request.path_params["model"]
@@ -246,6 +269,8 @@ def routes() -> list[Route]:
         per_model += [
             ApiRoute(base, model_metadata, api.MODEL_METADATA, name="model_metadata"),
             ApiRoute(base + "/ready", model_ready, api.MODEL_READY, name="model_ready"),
+            ApiRoute(base + "/config", model_config, api.MODEL_CONFIG, name="model_config"),
+            ApiRoute(base + "/stats", model_stats, api.MODEL_STATS, name="model_stats"),
             ApiRoute(
                 base + "/infer",
                 fastpath.starlette_endpoint,
@@ -265,6 +290,7 @@ def routes() -> list[Route]:
         Route("/openapi.json", openapi, name="openapi"),
         *docs.routes(),
         Route("/metrics", metrics, name="metrics"),
+        ApiRoute("/v2/models/stats", model_stats, api.MODEL_STATS, name="model_stats"),
         *per_model,
         ApiRoute("/v2/jobs/{job}", get_job, api.JOB_STATUS, name="job_status", methods=["GET"]),
         ApiRoute(
@@ -275,13 +301,20 @@ def routes() -> list[Route]:
             repository_index,
             api.REPOSITORY_INDEX,
             name="repository_index",
-            methods=["POST"],
+            methods=["GET", "POST"],
         ),
         ApiRoute(
             repository + "/models/{model}/load",
             repository_load,
             api.REPOSITORY_LOAD,
             name="repository_load",
+            methods=["POST"],
+        ),
+        ApiRoute(
+            repository + "/models/{model}/reset",
+            repository_reset,
+            api.REPOSITORY_RESET,
+            name="repository_reset",
             methods=["POST"],
         ),
         ApiRoute(

@@ -21,6 +21,7 @@ import structlog
 
 from producer.admin import ModelAdmin
 from producer.errors import ServiceUnavailable
+from producer.introspection import Introspection
 from producer.jobs import JobService
 from producer.metrics import GatewayMetrics, StreamGauges
 from producer.pipeliner import AutoPipeline
@@ -117,6 +118,7 @@ class Gateway:
         self.metrics.track_waiters(lambda: self.replies.waiting)
         self.jobs = JobService(s, self.service)
         self.admin = ModelAdmin(s, self.keys, self.redis, self.registry)
+        self.introspection = Introspection(self.keys, self.redis, self.registry)
         self._gauges = StreamGauges(
             self.metrics,
             self.redis,
@@ -160,15 +162,16 @@ class Gateway:
 
     async def ready(self) -> tuple[bool, list[str]]:
         """Ready when Redis answers, no request-path loop is down or failing (the reply
-        listener and its keepalive, the registry), and a live worker serves a model; else the
-        reasons, for a person."""
+        listener and its keepalive, the registry), and a live worker serves a version of some
+        model (not when every model is unloaded); else the reasons, for a person."""
         problems = self.loops.problems(critical_only=True)
         try:
             await self.pipeline.execute("PING")
         except RETRYABLE as e:
             problems.append(f"redis: {describe(e)}")
-        if self.registry.live_workers == 0:
-            problems.append("no live worker serves any model")
+        serving = self.registry.not_serving()
+        if serving is not None:
+            problems.append(serving)
         return not problems, problems
 
     def _fatal(self, reason: str) -> None:

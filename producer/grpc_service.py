@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
+from google.protobuf import json_format
 
 import runtime
 from producer.errors import BadRequest, GatewayError, GatewayTimeout, NotFound
@@ -32,9 +33,16 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-EXTENSIONS = ["schedule_policy", "model_repository", "streaming"]
-"""What ``ServerMetadata`` lists: the V2 priority/timeout parameters, the repository RPCs and
-``ModelStreamInfer``. The HTTP-only binary tensor and async jobs extensions are not offered here."""
+EXTENSIONS = [
+    "schedule_policy",
+    "model_repository",
+    "model_configuration",
+    "statistics",
+    "streaming",
+]
+"""What ``ServerMetadata`` lists: the V2 priority/timeout parameters, the repository RPCs,
+``ModelConfig``, ``ModelStatistics`` and ``ModelStreamInfer``. The HTTP-only binary tensor and
+async jobs extensions are not offered here."""
 
 
 class InferenceServicer:
@@ -86,7 +94,7 @@ class InferenceServicer:
                 )
             except NotFound:
                 return pb.ModelReadyResponse(ready=False)
-            return pb.ModelReadyResponse(ready=entry.workers > 0 and not entry.unloaded)
+            return pb.ModelReadyResponse(ready=entry.ready)
 
         return await self._unary(
             context, self._start("model_ready", request.name, request.version), work
@@ -114,6 +122,30 @@ class InferenceServicer:
         return await self._unary(
             context, self._start("model_metadata", request.name, request.version), work
         )
+
+    async def ModelConfig(
+        self, request: pb.ModelConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelConfigResponse:
+        async def work() -> pb.ModelConfigResponse:
+            doc = await self.gateway.introspection.config(request.name, request.version or None)
+            response = pb.ModelConfigResponse()
+            json_format.ParseDict({"config": doc}, response)
+            return response
+
+        return await self._unary(context, self._start("other"), work)
+
+    async def ModelStatistics(
+        self, request: pb.ModelStatisticsRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ModelStatisticsResponse:
+        async def work() -> pb.ModelStatisticsResponse:
+            doc = await self.gateway.introspection.statistics(
+                request.name or None, request.version or None
+            )
+            response = pb.ModelStatisticsResponse()
+            json_format.ParseDict(doc, response)
+            return response
+
+        return await self._unary(context, self._start("other"), work)
 
     # -- inference -------------------------------------------------------------------------
 

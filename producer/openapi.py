@@ -253,6 +253,24 @@ REPOSITORY_LOAD = Operation(
     body_required=False,
     admin=True,
 )
+MODEL_CONFIG = Operation(
+    "Model configuration (Triton's JSON: platform, backend, max_batch_size, input, output, "
+    "dynamic_batching)",
+    {200: Reply("the configuration", OBJECT)},
+    errors=(404,),
+)
+MODEL_STATS = Operation(
+    "Inference statistics per model version (Triton's shape), summed over the live workers",
+    {200: Reply("model_stats", OBJECT)},
+    errors=(404, 503),
+)
+REPOSITORY_RESET = Operation(
+    "Return a model to its repository config's policy (loaded everywhere, then the admin "
+    "policy is deleted)",
+    {200: Reply("the versions served now")},
+    errors=(400, 401, 403, 404, 409, 503),
+    admin=True,
+)
 REPOSITORY_UNLOAD = Operation(
     "Unload the model, or one version with {'parameters': {'version': v}}",
     {200: Reply("the policy left")},

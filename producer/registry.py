@@ -3,7 +3,10 @@
 Refreshed on a schedule (one ``ZRANGEBYSCORE`` of live workers and one ``MGET`` of their
 advertisements; also Redis's ``maxmemory-policy``, see ``runtime.eviction``), never per
 request. A model is *known* if any worker ever published it (the ``models`` hash), and
-*available* while at least one live worker serves it.
+*available* while at least one live worker serves it. The live workers also advertise what
+their repositories hold (``repository``: every model a load call may name, loaded or not, with
+its version folders or why its config does not load), which is how a load finds a model folder
+added after the workers started.
 
 Each model's backlog (admission control) comes from the snapshot one elected gateway publishes
 (``runtime.stats``), read in the same round trip: its cost does not grow with the number of
@@ -27,7 +30,7 @@ from protocol import ProtocolError
 from protocol.control import LoadReport, VersionPolicy, version_order
 from protocol.envelope import decode_hash
 from protocol.keys import LANES_BY_PRIORITY, Keys, Lane
-from protocol.registry import ModelMetadata, WorkerInfo
+from protocol.registry import ModelMetadata, RepositoryModel, WorkerInfo
 from protocol.stats import StatsSnapshot
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
@@ -51,10 +54,56 @@ class ModelEntry:
     """Version -> share of requests that name no version (what the gateway routes by)."""
     policy: VersionPolicy | None = None
     """The committed admin policy, if any (None: the repository config decides)."""
+    fallback: bool = False
+    """Every live worker serving the model could not serve the committed policy (a version it
+    names has no folder, or does not load) and serves the repository config's versions: the
+    gateway routes by what they serve, not by the stale policy."""
 
     @property
     def unloaded(self) -> bool:
         return self.policy is not None and not self.policy.loaded
+
+    @property
+    def ready(self) -> bool:
+        """A live worker serves a version of it: requests for it are routed."""
+        return self.workers > 0 and not self.unloaded and bool(self.metadata.versions)
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryEntry:
+    """A model that some live worker's repository holds, loaded or not (``RepositoryModel``s
+    of the advertisements, merged)."""
+
+    name: str
+    versions: tuple[str, ...]
+    """Version folders, the union over the workers, oldest first."""
+    metadata: ModelMetadata | None
+    """As its config would serve it (from the newest worker that can load it)."""
+    workers: tuple[str, ...]
+    """The live workers a load of it goes to."""
+    errors: dict[str, str] = field(default_factory=dict)
+    """Worker -> why its config does not load there."""
+
+
+def repository_view(workers: list[WorkerInfo]) -> dict[str, RepositoryEntry]:
+    """Every model the live workers' repositories hold, merged across the workers."""
+    found: dict[str, list[tuple[WorkerInfo, RepositoryModel]]] = {}
+    for w in workers:
+        for model in w.repository:
+            found.setdefault(model.name, []).append((w, model))
+    view: dict[str, RepositoryEntry] = {}
+    for name, held in found.items():
+        loadable = [(w, m) for w, m in held if m.metadata is not None]
+        newest = max(loadable, key=lambda wm: wm[0].started_ms, default=None)
+        versions = {v for _, m in held for v in m.versions}
+        view[name] = RepositoryEntry(
+            name,
+            tuple(sorted(versions, key=version_order)),
+            None if newest is None else newest[1].metadata,
+            tuple(sorted(w.id for w, _ in held)),
+            {w.id: m.error for w, m in held if m.error},
+        )
+    return view
 
 
 def merge(
@@ -71,6 +120,7 @@ def merge(
         for name, meta in known.items()
     }
     newest: dict[str, tuple[int, ModelMetadata, set[str], int]] = {}
+    fell_back: dict[str, int] = {}
     for w in workers:
         for m in w.models:
             started, meta, versions, count = newest.get(m.name, (-1, m, set(), 0))
@@ -78,15 +128,25 @@ def merge(
             if w.started_ms >= started:
                 started, meta = w.started_ms, m
             newest[m.name] = (started, meta, versions, count + 1)
+            policy = policies.get(m.name)
+            if policy is not None and w.fallbacks.get(m.name, -1) >= policy.generation:
+                fell_back[m.name] = fell_back.get(m.name, 0) + 1
     for name, (_, meta, versions, count) in newest.items():
-        entries[name] = _entry(meta, count, versions, policies.get(name))
+        # Every worker serving it fell back from the policy: route by what they serve.
+        fallback = fell_back.get(name, 0) == count
+        entries[name] = _entry(meta, count, versions, policies.get(name), fallback=fallback)
     return entries
 
 
 def _entry(
-    meta: ModelMetadata, workers: int, versions: set[str], policy: VersionPolicy | None
+    meta: ModelMetadata,
+    workers: int,
+    versions: set[str],
+    policy: VersionPolicy | None,
+    *,
+    fallback: bool = False,
 ) -> ModelEntry:
-    if policy is not None:
+    if policy is not None and not fallback:
         # Versions the policy names, whether or not a worker advertises them yet: a worker that
         # restarts mid-swap must not make the gateway route around the committed policy.
         versions = set(policy.versions)
@@ -101,7 +161,8 @@ def _entry(
     ordered = tuple(sorted(versions, key=version_order))
     default = max(ordered, key=lambda v: (split.get(v, 0.0), version_order(v)), default="")
     merged = replace(meta, versions=ordered, default_version=default)
-    return ModelEntry(merged, workers, {v: w for v, w in split.items() if w > 0}, policy)
+    traffic = {v: w for v, w in split.items() if w > 0}
+    return ModelEntry(merged, workers, traffic, policy, fallback=fallback and policy is not None)
 
 
 class ModelRegistry:
@@ -122,6 +183,8 @@ class ModelRegistry:
         self._clock = clock
         self._refresh_s = refresh_s
         self.models: dict[str, ModelEntry] = {}
+        self.repository: dict[str, RepositoryEntry] = {}
+        """What the live workers' repositories hold, as of the last refresh."""
         self.redis_ok = False
         self._last_refresh = 0.0
         self._refreshing: asyncio.Lock = asyncio.Lock()
@@ -144,11 +207,16 @@ class ModelRegistry:
         since = len(self._queued_since.get(model, ()))
         return sum(self._backlog.get((model, lane), 0) for lane in lanes) + since
 
-    def apply_policy(self, model: str, policy: VersionPolicy) -> None:
-        """A policy this gateway just committed: route by it now, not at the next refresh."""
-        if policy.generation >= getattr(self._policies.get(model), "generation", -1):
+    def apply_policy(self, model: str, policy: VersionPolicy | None) -> None:
+        """A policy this gateway just committed (None: the model's policy was deleted, its
+        repository config decides): route by it now, not at the next refresh."""
+        if policy is None:
+            self._policies = {k: v for k, v in self._policies.items() if k != model}
+        elif policy.generation >= getattr(self._policies.get(model), "generation", -1):
             self._policies = {**self._policies, model: policy}
-            self.models = merge(self._workers, self._known, self._policies)
+        else:
+            return
+        self.models = merge(self._workers, self._known, self._policies)
 
     def live_worker_infos(self) -> list[WorkerInfo]:
         """The live workers' advertisements as of the last refresh."""
@@ -159,7 +227,28 @@ class ModelRegistry:
 
     @property
     def live_workers(self) -> int:
-        return max((e.workers for e in self.models.values()), default=0)
+        """Live workers of the model served by most; a model unloaded by an administrator (or
+        left with no version) does not count: nothing can be routed to it."""
+        return max((e.workers for e in self.models.values() if e.ready), default=0)
+
+    def not_serving(self) -> str | None:
+        """Why no request can be served (readiness' reason), or None when some model is
+        ready."""
+        if any(e.ready for e in self.models.values()):
+            return None
+        unloaded = sorted(name for name, e in self.models.items() if e.unloaded and e.workers)
+        if unloaded:
+            return (
+                f"every served model is unloaded ({', '.join(unloaded)}): "
+                "POST /v2/repository/models/{model}/load loads one"
+            )
+        if self.repository:
+            return (
+                "no model is loaded; the workers' repositories hold "
+                f"{', '.join(sorted(self.repository))} (POST /v2/repository/models/{{model}}"
+                "/load loads one)"
+            )
+        return "no live worker serves any model"
 
     async def refresh(self) -> None:
         async with self._refreshing:
@@ -189,6 +278,7 @@ class ModelRegistry:
             known = {**self._known, **known}
             self._workers, self._known, self._policies = workers, known, policies
             self.models = merge(workers, known, policies)
+            self.repository = repository_view(workers)
             stats = decode_snapshot(replies[-1])
             if stats is not None and stats.fresh(self._clock.now_ms(), self._stale_after_ms):
                 self.accept_stats(stats)
@@ -278,8 +368,8 @@ def status_lines(
     raw: dict[bytes, bytes], model: str, workers: list[WorkerInfo]
 ) -> list[LoadReport]:
     """A model's status hash (HGETALL of ``keys.model_status``), decoded: the lines of the live
-    workers that serve it (a worker that has gone, or dropped the model, left a stale one)."""
-    serving = {w.id for w in workers if any(m.name == model for m in w.models)}
+    workers that serve it or may load it (a worker that has gone left a stale one)."""
+    serving = {w.id for w in workers if w.holds(model)}
     lines = decode_hash(raw, LoadReport.decode)
     return [lines[w] for w in sorted(lines) if w in serving]
 

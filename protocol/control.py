@@ -12,8 +12,13 @@ A change is a two-phase commit driven by the gateway that received the admin cal
    workers drop what they loaded for it and keep serving the old policy, and the errors go back
    to the admin call and into the model's status (``Keys.model_status``).
 
-A worker that starts later reads the committed policy before it serves. ``VersionPolicy`` also
-describes a repository config's own policy (``[version_policy]``) when no admin call set one.
+A worker that starts later reads the committed policy before it serves; one that cannot serve
+it (a version it names has no folder) serves the repository config's versions instead and says
+so (``LoadReport.fallback``). A reset is the same two phases for the config's own versions, and
+its commit deletes the stored policy instead of writing one. A PREPARE also reaches the workers
+that do not serve the model but whose repository holds it: that is how a new model is loaded.
+``VersionPolicy`` also describes a repository config's own policy (``[version_policy]``) when no
+admin call set one.
 """
 
 from __future__ import annotations
@@ -172,6 +177,9 @@ class LoadReport:
     updated_ms: int = 0
     weights: dict[str, float] = field(default_factory=dict)
     """The traffic weights of the config it loaded (a load by the repository config)."""
+    fallback: str = ""
+    """Why this worker serves the repository config instead of the committed policy ("" when
+    it serves the policy): a version the policy names has no folder, or does not load."""
 
     def encode(self) -> bytes:
         return pack(
@@ -185,13 +193,14 @@ class LoadReport:
                 self.load_ms,
                 self.updated_ms,
                 self.weights,
+                self.fallback,
             ]
         )
 
     @classmethod
     def decode(cls, raw: bytes) -> LoadReport:
-        fields = unpack(raw, "load report", 9)
-        worker, model, generation, ok, versions, error, load_ms, updated, weights = fields
+        fields = unpack(raw, "load report", 10)
+        worker, model, generation, ok, versions, error, load_ms, updated, weights, fallback = fields
         if not isinstance(worker, str) or not isinstance(model, str):
             raise ProtocolError("load report: worker and model must be strings")
         if not _is_int(generation) or not isinstance(ok, bool) or not isinstance(error, str):
@@ -200,6 +209,8 @@ class LoadReport:
             raise ProtocolError("load report: versions must be strings")
         if not isinstance(load_ms, int | float) or not _is_int(updated):
             raise ProtocolError("load report: invalid load_ms or updated_ms")
+        if not isinstance(fallback, str):
+            raise ProtocolError("load report: fallback must be a string")
         return cls(
             worker,
             model,
@@ -210,6 +221,7 @@ class LoadReport:
             float(load_ms),
             updated,
             check_weights(weights, what="load report weights") if weights else {},
+            fallback,
         )
 
 

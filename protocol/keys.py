@@ -22,7 +22,9 @@ same tag live in the same slot, so on one master)::
 
     Control plane: one slot per namespace (a few commands a second; read and written together)
     {ns}:{<ns>}:workers               zset: worker id -> heartbeat expiry (Redis-clock ms)
-    {ns}:{<ns>}:worker:{worker}       one worker's advertisement (models it serves), with a TTL
+    {ns}:{<ns>}:worker:{worker}       one worker's advertisement (models it serves and could
+                                      load), with a TTL
+    {ns}:{<ns>}:workerstats:{worker}  its inference statistics (``protocol.modelstats``), same TTL
     {ns}:{<ns>}:models                hash: model name -> last published metadata
     {ns}:{<ns>}:control               control stream: model load/commit/abort commands to workers
     {ns}:{<ns>}:control:reply:{id}    list: workers' answers to one load command, with a TTL
@@ -259,6 +261,9 @@ class Keys:
 
     def worker(self, worker_id: str) -> str:
         return f"{self._control_plane}:worker:{worker_id}"
+
+    def worker_stats(self, worker_id: str) -> str:
+        return f"{self._control_plane}:workerstats:{worker_id}"
 
     @property
     def models(self) -> str:

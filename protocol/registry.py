@@ -1,8 +1,10 @@
-"""What a worker advertises about itself and the models it serves.
+"""What a worker advertises about itself: the models it serves, and those it could load.
 
 Workers publish a ``WorkerInfo`` under ``Keys.worker(id)`` with a TTL and refresh it with every
-heartbeat; the gateway reads the live ones to learn which models exist, their metadata, and how
-many consumers serve each.
+heartbeat; the gateway reads the live ones to learn which models exist, their metadata, how many
+consumers serve each, and what each worker's repository holds (``RepositoryModel``: the models a
+load call may name, with the versions their folders hold, or why one cannot be loaded). Loaded
+and loadable models are advertised the same way, each with its ``ModelMetadata``.
 """
 
 from __future__ import annotations
@@ -65,6 +67,10 @@ class ModelMetadata:
     partitions: int = 1
     """Request streams per lane (``Keys.stream(model, lane, partition)``); gateways spread
     requests over them."""
+    backend: str = ""
+    """The config's backend (onnx, pytorch, python, simulated): Triton's ``backend``."""
+    flush_ms: float = 0.0
+    """The batch window in effect (Triton's ``max_queue_delay_microseconds``)."""
 
     def wire(self) -> list[Any]:
         return [
@@ -80,16 +86,22 @@ class ModelMetadata:
             self.cache_ttl_s,
             self.weights,
             self.partitions,
+            self.backend,
+            self.flush_ms,
         ]
 
     @classmethod
     def from_wire(cls, item: Any) -> ModelMetadata:
-        if not (isinstance(item, list) and len(item) == 12):
-            raise ProtocolError("model metadata is not a 12-field list")
+        if not (isinstance(item, list) and len(item) == 14):
+            raise ProtocolError("model metadata is not a 14-field list")
         name, versions, default, platform, inputs, outputs, mb, timeout, cache, ttl, weights = item[
             :11
         ]
-        partitions = item[11]
+        partitions, backend, flush_ms = item[11:]
+        if not isinstance(backend, str) or isinstance(flush_ms, bool):
+            raise ProtocolError(f"model {name!r}: invalid backend or flush_ms")
+        if not isinstance(flush_ms, int | float) or not 0 <= flush_ms < float("inf"):
+            raise ProtocolError(f"model {name!r}: flush_ms must be a number >= 0")
         if not _is_int(partitions) or not 1 <= partitions <= MAX_PARTITIONS:
             raise ProtocolError(f"model {name!r}: partitions must be 1 to {MAX_PARTITIONS}")
         if not isinstance(weights, dict):
@@ -117,6 +129,8 @@ class ModelMetadata:
             cache_ttl_s=ttl,
             weights=check_weights(weights, what=f"model {name} weights") if weights else {},
             partitions=partitions,
+            backend=backend,
+            flush_ms=float(flush_ms),
         )
 
     def encode(self) -> bytes:
@@ -133,29 +147,87 @@ def _is_int(value: Any) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
+class RepositoryModel:
+    """A model of a worker's repository that a load call may name on that worker: every folder
+    of the repository when the worker serves the whole repository, else the models its
+    ``--models`` names. Loaded or not; the gateway's repository index lists these."""
+
+    name: str
+    versions: tuple[str, ...]
+    """Version folders present, oldest first."""
+    metadata: ModelMetadata | None = None
+    """The model as its config would serve it; None when it cannot be loaded (see ``error``)."""
+    error: str = ""
+    """Why its config cannot be loaded ("" when it can)."""
+
+    def wire(self) -> list[Any]:
+        meta = None if self.metadata is None else self.metadata.wire()
+        return [self.name, list(self.versions), meta, self.error]
+
+    @classmethod
+    def from_wire(cls, item: Any) -> RepositoryModel:
+        if not (isinstance(item, list) and len(item) == 4):
+            raise ProtocolError("repository model is not a 4-field list")
+        name, versions, meta, error = item
+        if not isinstance(name, str) or not isinstance(error, str):
+            raise ProtocolError("repository model: invalid name or error")
+        if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+            raise ProtocolError(f"repository model {name!r}: versions must be strings")
+        metadata = None if meta is None else ModelMetadata.from_wire(meta)
+        return cls(name, tuple(versions), metadata, error)
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
     id: str
     host: str
     pid: int
     started_ms: int
     models: tuple[ModelMetadata, ...]
+    """The models it serves (a model unloaded by an administrator: no versions)."""
+    repository: tuple[RepositoryModel, ...] = ()
+    """The models a load call may name on this worker (served ones included)."""
+    fallbacks: dict[str, int] = field(default_factory=dict)
+    """Model -> generation of the committed policy it could not serve at start (a version it
+    names has no folder, or does not load): it serves the repository config's instead."""
+
+    def holds(self, model: str) -> bool:
+        """Whether it serves the model or its repository holds it (a change of the model
+        concerns this worker)."""
+        return any(m.name == model for m in self.models) or any(
+            r.name == model for r in self.repository
+        )
 
     def encode(self) -> bytes:
         return pack(
-            [self.id, self.host, self.pid, self.started_ms, [m.wire() for m in self.models]]
+            [
+                self.id,
+                self.host,
+                self.pid,
+                self.started_ms,
+                [m.wire() for m in self.models],
+                [r.wire() for r in self.repository],
+                self.fallbacks,
+            ]
         )
 
     @classmethod
     def decode(cls, raw: bytes) -> WorkerInfo:
-        wid, host, pid, started, models = unpack(raw, "worker info", 5)
+        wid, host, pid, started, models, repository, fallbacks = unpack(raw, "worker info", 7)
         if not isinstance(wid, str) or not isinstance(models, list):
             raise ProtocolError("worker info: invalid id or models")
         if not isinstance(host, str) or not _is_int(pid) or not _is_int(started):
             raise ProtocolError(f"worker info {wid}: invalid host, pid or started_ms")
+        if not isinstance(repository, list):
+            raise ProtocolError(f"worker info {wid}: repository must be a list")
+        if not isinstance(fallbacks, dict) or not all(_is_int(g) for g in fallbacks.values()):
+            raise ProtocolError(f"worker info {wid}: fallbacks must map models to generations")
         return cls(
             id=wid,
             host=host,
             pid=pid,
             started_ms=started,
             models=tuple(ModelMetadata.from_wire(m) for m in models),
+            repository=tuple(RepositoryModel.from_wire(r) for r in repository),
+            fallbacks=dict(fallbacks),
         )

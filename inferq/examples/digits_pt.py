@@ -4,6 +4,9 @@ weights (``models/digits/1/model.onnx``), so both backends serve the same networ
 The ONNX graph is ``Mul(scale) -> Gemm -> Relu -> ... -> Gemm -> ArgMax``; each ``Gemm`` becomes
 an ``nn.Linear`` (ONNX keeps ``W`` as ``[in, out]``, torch as ``[out, in]``). The module returns
 ``(logits, label)`` in the order the config declares its outputs.
+
+``1/model.pt2`` is committed; ``build`` writes it reproducibly (the same bytes on any checkout,
+with the same torch release), so ``inferq models build-examples`` never leaves it changed.
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def build(repo: Path, *, fmt: str = "pt2") -> Path:
     if fmt == "pt2":
         batch = torch.export.Dim("batch", min=1)
         program = torch.export.export(module, (example,), dynamic_shapes=({0: batch},))
+        for node in program.graph.nodes:
+            # Each node's stack trace names this file's absolute path and line numbers: the
+            # archive would differ per checkout and per edit. Without them the bytes depend
+            # only on the weights and the torch release (pinned in the dev extra), so
+            # rebuilding the committed file rewrites it with the same bytes.
+            node.meta.pop("stack_trace", None)
         torch.export.save(program, out)
     elif fmt == "ts":
         with warnings.catch_warnings():

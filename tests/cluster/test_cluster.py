@@ -340,3 +340,37 @@ def test_auth_on_a_cluster_works_as_on_one_redis(namespace, cluster_repo):
         finally:
             for thing in reversed(started):
                 thing.stop()
+
+
+def test_a_model_folder_added_on_a_cluster_is_loaded_read_on_its_slots_and_counted(
+    cluster_stack, tmp_path
+):
+    """The new model's partitions live on other slots than digits: the worker opens a read
+    group (and a blocking connection) per new slot, and the statistics' MGET of the workers'
+    keys works on a cluster."""
+    from tests.integration.test_model_control import TOKEN, admin, make_repo
+    from tests.support import write_simulated_model
+
+    repo = make_repo(tmp_path, ["1"])
+    s = cluster_stack(workers=0, admin_token=TOKEN)
+    s.repo = repo
+    s.add_worker()
+    s.wait_ready("digits")
+    write_simulated_model(repo, "late", base_ms=1, per_row_ms=0, max_batch=8, partitions=3)
+    loaded = admin(s, "/v2/repository/models/late/load")
+    assert loaded.status_code == 200, loaded.text
+    for i in range(12):
+        r = s.infer("late", sim_body(float(i)))
+        assert r.status_code == 200, r.text
+        assert sums(r) == [4.0 * i]
+    groups = s.workers[0].worker.groups
+    late = {st for g in groups for st in g.streams if ":{late" in st}
+    assert len(late) == 3 * 3
+    assert all(len({key_slot(st.encode()) for st in g.streams}) == 1 for g in groups)
+
+    def counted() -> int:
+        with s.client() as c:
+            [row] = c.get("/v2/models/late/stats").json()["model_stats"]
+        return int(row["inference_stats"]["success"]["count"])
+
+    wait_until(lambda: counted() == 12, what="the statistics of the new model")

@@ -29,6 +29,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_held_entries": ("gauge", ()),
     "inferq_worker_info": ("info", ("worker", "version")),
     "inferq_worker_write_failures_total": ("counter", ("model", "reason")),
+    "inferq_worker_policy_fallbacks_total": ("counter", ("model",)),
 }
 RUNTIME = {"inferq_loop_healthy": "gauge", "inferq_redis_evicting": "gauge"}
 RUNTIME_LABELS = {"inferq_loop_healthy": ("loop",), "inferq_redis_evicting": ("policy",)}
@@ -65,6 +66,7 @@ def exercise(m: WorkerMetrics) -> None:
     m.observe_reclaimed("digits", 4)
     m.observe_replies("digits", [0.0007])
     m.observe_write_failure("digits", "oom")
+    m.observe_policy_fallback("digits")
     m.runtime.set_policy("noeviction", False)
     m.runtime.track_loops(lambda: {"reader": True})
 

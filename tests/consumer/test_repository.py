@@ -9,8 +9,10 @@ import pytest
 
 from consumer.repository import (
     CONFIG_FILE,
+    MissingVersion,
     ModelConfig,
     RepositoryError,
+    RepositoryScan,
     SimulatedLatency,
     Warmup,
     list_models,
@@ -537,3 +539,59 @@ def test_a_config_may_pin_its_model_to_a_device(tmp_path: Path) -> None:
     assert ServedModel(load_config(tmp_path, "free"), device="cuda").device == "cuda"
     make_model(tmp_path, "bad", config='device = "tpu"\n' + SIMULATED)
     assert "field 'device' must be" in rejected(tmp_path, "bad")
+
+
+# -- what a worker advertises of its repository ------------------------------------------------
+
+
+def test_a_scan_lists_every_model_folder_with_its_versions_or_why_it_cannot_load(tmp_path):
+    make_model(tmp_path, "a", versions=("1", "2"))
+    make_model(tmp_path, "broken", config="backend = 'nope'\n")
+    scan = RepositoryScan(tmp_path, max_batch=8, flush_ms=0.5)
+    by_name = {m.name: m for m in scan.scan()}
+    assert sorted(by_name) == ["a", "broken"]
+    a = by_name["a"]
+    assert a.versions == ("1", "2") and not a.error
+    assert a.metadata is not None and a.metadata.versions == ("2",)  # latest = 1
+    assert (a.metadata.max_batch, a.metadata.flush_ms, a.metadata.backend) == (8, 0.5, "simulated")
+    broken = by_name["broken"]
+    assert broken.metadata is None and "field 'backend'" in broken.error
+    # A folder added later is in the next scan; one removed is gone from it.
+    make_model(tmp_path, "later")
+    assert [m.name for m in scan.scan()] == ["a", "broken", "later"]
+    (tmp_path / "later" / CONFIG_FILE).unlink()
+    assert [m.name for m in scan.scan()] == ["a", "broken"]
+
+
+def test_a_scan_reads_a_config_again_only_when_its_folder_changed(tmp_path, monkeypatch):
+    model_dir = make_model(tmp_path, "a")
+    scan = RepositoryScan(tmp_path)
+    first = scan.scan()
+    reads: list[str] = []
+    real = load_config
+
+    def counting(repo: Path, name: str, policy=None) -> ModelConfig:
+        reads.append(name)
+        return real(repo, name, policy)
+
+    monkeypatch.setattr("consumer.repository.load_config", counting)
+    assert scan.scan() == first and reads == []
+    (model_dir / "3").mkdir()
+    (again,) = scan.scan()
+    assert reads == ["a"] and again.versions == ("1", "3")
+
+
+def test_a_worker_with_models_named_lists_only_those(tmp_path):
+    make_model(tmp_path, "a")
+    make_model(tmp_path, "b")
+    listed = RepositoryScan(tmp_path, ("b", "missing")).scan()
+    assert [(m.name, m.metadata is not None) for m in listed] == [("b", True), ("missing", False)]
+    assert "model 'missing' not found" in listed[1].error
+
+
+def test_a_policy_naming_a_missing_version_is_its_own_error(tmp_path):
+    from protocol.control import VersionPolicy
+
+    make_model(tmp_path, "a", versions=("1",))
+    with pytest.raises(MissingVersion, match="no version folder for 2"):
+        load_config(tmp_path, "a", VersionPolicy(("2",), {}, 3))

@@ -1,5 +1,5 @@
-"""``inferq models build-examples`` builds into the repository it is given, and says what is
-wrong when it cannot."""
+"""``inferq models build-examples`` builds into the repository it is given, rewrites no
+committed file with other bytes, and says what is wrong when it cannot."""
 
 from __future__ import annotations
 
@@ -23,6 +23,18 @@ def test_build_examples_writes_a_servable_digits_pt(tmp_path, capsys) -> None:
     backend = create_backend(load_config(tmp_path, "digits-pt"), "1")
     backend.load()
     backend.unload()
+
+
+def test_rebuilding_the_committed_digits_pt_writes_the_same_bytes(tmp_path, capsys) -> None:
+    """The archive is committed: a build from any checkout (another path, other line numbers)
+    must not leave `git status` showing it changed. Torch is pinned in the dev extra."""
+    shutil.copytree(MODELS / "digits", tmp_path / "digits")
+    argv = ["models", "build-examples", "--repository", str(tmp_path), "--only", "digits-pt"]
+    assert main(argv, environ={}) == 0
+    built = (tmp_path / "digits-pt/1/model.pt2").read_bytes()
+    assert built == (MODELS / "digits-pt/1/model.pt2").read_bytes()
+    assert main(argv, environ={}) == 0
+    assert (tmp_path / "digits-pt/1/model.pt2").read_bytes() == built
 
 
 def test_the_repository_comes_from_the_environment_too(tmp_path, capsys) -> None:

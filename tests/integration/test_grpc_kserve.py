@@ -248,7 +248,7 @@ def test_undecodable_and_oversized_messages_get_clean_statuses(grpc_stack):
         with pytest.raises(grpc.RpcError) as error:
             Stub(channel).ModelInfer(raw([400, 64], bytes(400 * 256)), timeout=10)
         assert error.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        unknown = channel.unary_unary(f"/{SERVICE}/ModelStatistics")
+        unknown = channel.unary_unary(f"/{SERVICE}/TraceSetting")
         with pytest.raises(grpc.RpcError) as error:
             unknown(b"", timeout=10)
         assert error.value.code() == grpc.StatusCode.UNIMPLEMENTED

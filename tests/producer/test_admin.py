@@ -1,14 +1,17 @@
-"""The model-control API's checks that need no Redis: the token and the load parameters."""
+"""The model-control API's logic that needs no Redis: the token, the load parameters, how the
+registry merges what workers advertise, and the repository index's states."""
 
 from __future__ import annotations
 
 import pytest
 
-from producer.admin import check_token, parse_load
+from producer.admin import check_token, index_rows, parse_load
 from producer.errors import BadRequest, Forbidden, Unauthorized
-from producer.registry import merge
-from protocol.control import VersionPolicy
-from protocol.registry import ModelMetadata, TensorSpec, WorkerInfo
+from producer.registry import ModelRegistry, merge, repository_view
+from protocol.control import LoadReport, VersionPolicy
+from protocol.keys import Keys
+from protocol.registry import ModelMetadata, RepositoryModel, TensorSpec, WorkerInfo
+from runtime.connections import RedisClock
 
 
 def test_no_configured_token_disables_the_api():
@@ -86,3 +89,69 @@ def test_the_registry_routes_by_the_committed_policy_over_what_workers_advertise
 def test_a_repository_config_split_is_used_when_no_policy_is_committed():
     worker = WorkerInfo("w", "h", 1, 0, (_meta(("1", "2"), {"1": 3.0, "2": 1.0}),))
     assert merge([worker], {})["m"].traffic == {"1": 0.75, "2": 0.25}
+
+
+def test_a_policy_every_worker_fell_back_from_routes_by_what_they_serve():
+    stale = {"m": VersionPolicy(("2",), {}, 5)}
+    fell_back = WorkerInfo("w", "h", 1, 0, (_meta(("1",)),), fallbacks={"m": 5})
+    entry = merge([fell_back], {}, stale)["m"]
+    assert entry.fallback and entry.ready and entry.policy == stale["m"]
+    assert entry.metadata.versions == ("1",) and entry.traffic == {"1": 1.0}
+    # One worker still serves the policy: route by it (the repositories differ; documented).
+    serving = WorkerInfo("v", "h", 2, 0, (_meta(("2",)),))
+    mixed = merge([fell_back, serving], {}, stale)["m"]
+    assert not mixed.fallback and mixed.traffic == {"2": 1.0}
+    # A newer policy than the one it fell back from is followed.
+    newer = merge([fell_back], {}, {"m": VersionPolicy(("1",), {}, 6)})["m"]
+    assert not newer.fallback
+
+
+def test_the_repositories_merge_into_one_view_per_model():
+    a = WorkerInfo("a", "h", 1, 10, (), repository=(RepositoryModel("new", ("1",), _meta(("1",))),))
+    b = WorkerInfo(
+        "b",
+        "h",
+        2,
+        20,
+        (),
+        repository=(RepositoryModel("new", ("1", "2"), None, "bad config"),),
+    )
+    [(name, view)] = repository_view([a, b]).items()
+    assert name == "new" and view.versions == ("1", "2") and view.workers == ("a", "b")
+    assert view.metadata == _meta(("1",)) and view.errors == {"b": "bad config"}
+
+
+def test_the_index_states():
+    worker = WorkerInfo("w", "h", 1, 0, (_meta(("1", "2")),))
+    served = merge([worker], {})["m"]
+    failed = LoadReport("w", "m", 3, False, ("1", "2"), error="corrupt v3")
+    why = "worker w: corrupt v3"
+    assert index_rows("m", served, None, [failed]) == [
+        {"name": "m", "version": v, "state": "READY", "reason": why, "traffic": t}
+        for v, t in (("1", 0.0), ("2", 1.0))
+    ]
+    unloaded = merge([worker], {}, {"m": VersionPolicy((), {}, 4)})["m"]
+    assert index_rows("m", unloaded, None, []) == [
+        {"name": "m", "state": "UNAVAILABLE", "reason": "unloaded"}
+    ]
+    held = repository_view(
+        [WorkerInfo("w", "h", 1, 0, (), repository=(RepositoryModel("m", ("1",), _meta(("1",))),))]
+    )["m"]
+    assert index_rows("m", None, held, []) == [
+        {"name": "m", "state": "UNAVAILABLE", "reason": "not loaded"}
+    ]
+    gone = merge([], {"m": _meta(("1",))})["m"]
+    assert index_rows("m", gone, None, []) == [
+        {"name": "m", "version": "1", "state": "UNAVAILABLE", "reason": "no live worker serves it"}
+    ]
+
+
+def test_the_server_is_not_ready_when_every_served_model_is_unloaded():
+    registry = ModelRegistry(None, Keys("t"), RedisClock(), refresh_s=1)  # type: ignore[arg-type]
+    worker = WorkerInfo("w", "h", 1, 0, (_meta(("1",)),))
+    registry.models = merge([worker], {})
+    assert registry.not_serving() is None and registry.live_workers == 1
+    registry.models = merge([worker], {}, {"m": VersionPolicy((), {}, 2)})
+    assert registry.live_workers == 0
+    problem = registry.not_serving()
+    assert problem is not None and "unloaded (m)" in problem and "/load" in problem

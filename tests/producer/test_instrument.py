@@ -70,11 +70,14 @@ def test_each_request_is_labelled_by_its_route(client_and_calls, method, path, l
 def test_every_named_route_is_a_known_endpoint_label_or_other() -> None:
     names = {r.name for r in routes()}
     assert set(ENDPOINTS) <= names
-    # Labelled "other": model control, and the Swagger UI page and its assets.
+    # Labelled "other": model control, introspection, and the Swagger UI page and its assets.
     assert names - set(ENDPOINTS) == {
         "repository_index",
         "repository_load",
+        "repository_reset",
         "repository_unload",
+        "model_config",
+        "model_stats",
         "docs",
         "docs_asset",
     }

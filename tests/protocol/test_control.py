@@ -54,6 +54,8 @@ def test_commands_and_reports_round_trip():
     assert Command.decode(command.encode()) == command
     report = LoadReport("w1", "digits", 4, False, ("2",), "bad file", 12.5, 1_700, {"2": 1.0})
     assert LoadReport.decode(report.encode()) == report
+    fell_back = LoadReport("w1", "digits", 4, True, ("1",), fallback="no version folder for 2")
+    assert LoadReport.decode(fell_back.encode()) == fell_back
 
 
 @pytest.mark.parametrize(

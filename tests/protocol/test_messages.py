@@ -20,7 +20,7 @@ import pytest
 
 from protocol import PROTOCOL_VERSION, ProtocolError, VersionMismatch
 from protocol.messages import InferRequest, InferResult, Kind, Status, Timings
-from protocol.registry import ModelMetadata, TensorSpec, WorkerInfo
+from protocol.registry import ModelMetadata, RepositoryModel, TensorSpec, WorkerInfo
 from protocol.tensor import DATATYPES, Tensor, pack_bytes_elements
 
 INT64_MAX = 2**63 - 1
@@ -185,6 +185,19 @@ WORKERS = [
         pid=2**31,
         started_ms=2**62,
         models=(_metadata("a"), _metadata("b", cache=False), _metadata_bytes()),
+    ),
+    WorkerInfo(
+        id="w3",
+        host="h3",
+        pid=3,
+        started_ms=3,
+        models=(_metadata("a"),),
+        repository=(
+            RepositoryModel("a", ("1", "2", "10"), _metadata("a")),
+            RepositoryModel("new", ("1",), _metadata("new")),
+            RepositoryModel("broken", (), None, "models/broken/config.toml: not valid TOML"),
+        ),
+        fallbacks={"a": 7},
     ),
 ]
 
