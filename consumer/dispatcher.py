@@ -4,7 +4,8 @@ runs the batch on the model's thread or, for a quick model, on the event loop
 (``consumer.inline``), and hands every outcome to the writer.
 
 When Redis cannot answer the cancellation lookup, the requests run (it only costs work); when it
-refuses the job claim, the jobs go back to the queue and the dispatcher backs off.
+refuses the job claim, the jobs go back to the queue and the dispatcher backs off. Jobs claimed
+are announced as running on the events stream (event streams and webhooks tell it).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from consumer.model import BatchOutcome, rows_of
 from consumer.slots import Delivery, ModelSlot
 from protocol.cancellation import CHECK_AFTER_MS, cancelled_of
 from protocol.jobs import JobStatus, transition_args
-from protocol.messages import Kind, Status
+from protocol.keys import JOB_EVENTS_MAXLEN
+from protocol.messages import EVENT_STATUS_FIELD, JOB_EVENT_FIELD, Kind, Status
 from runtime.aio import cancelling
 from runtime.broker import Script
 from runtime.faults import RETRYABLE
@@ -170,7 +172,26 @@ class Dispatcher:
         if skipped:
             nothing = self._ctx.outcomes.nothing
             self._ctx.put([nothing(*q.item.entry) for q in jobs if id(q) in skipped])
+        await self._announce_running([q.item.request.id for q in jobs if id(q) not in skipped])
         return [q.item for q in batch if id(q) not in skipped]
+
+    async def _announce_running(self, job_ids: list[str]) -> None:
+        """Tell the gateways (event streams, webhooks) that these jobs started. Best effort:
+        unannounced, "running" is told with the job's final event."""
+        if not job_ids:
+            return
+        pipe = self._redis.pipeline(transaction=False)
+        for job_id in job_ids:
+            pipe.xadd(
+                self._keys.job_events,
+                {JOB_EVENT_FIELD: job_id, EVENT_STATUS_FIELD: JobStatus.RUNNING.value},
+                maxlen=JOB_EVENTS_MAXLEN,
+                approximate=True,
+            )
+        try:
+            await pipe.execute()
+        except RETRYABLE as e:
+            log.warning("could not announce that jobs started", count=len(job_ids), error=str(e))
 
     async def _run_batch(self, batch: list[Delivery], deadline: float) -> None:
         """Run a batch whose last caller stops waiting at ``deadline`` (monotonic)."""

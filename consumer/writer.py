@@ -24,7 +24,7 @@ from consumer.metrics import WorkerMetrics
 from consumer.outgoing import Outgoing
 from consumer.trim import TRIM_INTERVAL_S, TRIM_SCRIPT, TrimSchedule
 from protocol.keys import DLQ_MAXLEN, GROUP, JOB_EVENTS_MAXLEN
-from protocol.messages import FIELD, JOB_EVENT_FIELD
+from protocol.messages import EVENT_STATUS_FIELD, FIELD, JOB_EVENT_FIELD
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.broker import Broker, Script
@@ -207,7 +207,7 @@ class ResultWriter:
                 pipe.pexpire(job.key, max(1, job.ttl_ms))
                 pipe.xadd(
                     self._job_events,
-                    {JOB_EVENT_FIELD: job.job_id},
+                    {JOB_EVENT_FIELD: job.job_id, EVENT_STATUS_FIELD: job.args[0]},
                     maxlen=JOB_EVENTS_MAXLEN,
                     approximate=True,
                 )

@@ -5,6 +5,11 @@ Entries land in ``{ns}:dlq:{model}`` when a worker cannot decode them or when th
 entry id, the reason, and the original payload, so it can be replayed unchanged (``retry``) after
 the cause is fixed. A replayed request whose deadline has passed would only expire again:
 ``--extend-deadline-s`` gives it a fresh one.
+
+Webhook deliveries that never got a 2xx land in ``{ns}:webhooks:dlq`` (``protocol.webhooks``);
+``--webhooks`` instead of ``--model`` selects them. ``list`` shows both kinds. A webhook's
+``retry`` frees its claim and announces its object again, so a gateway delivers it anew, with
+the same ``webhook-id`` and the object as it is now.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import redis.asyncio as aioredis
 from protocol import ProtocolError
 from protocol.deadline import deadline_after
 from protocol.exits import EXIT_NOT_FOUND, EXIT_OK, EXIT_REDIS
-from protocol.keys import Keys
+from protocol.keys import JOB_EVENTS_MAXLEN, Keys
 from protocol.messages import FIELD, DeadLetter, InferRequest
+from protocol.webhooks import WebhookDeadLetter
 from runtime.broker import connect
 from runtime.connections import RedisSettings, redact
 from runtime.settings import connection_flags
@@ -39,15 +45,19 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
     )
     connection_flags(dlq, environ)
     actions = dlq.add_subparsers(dest="action", required=True, metavar="ACTION")
-    ls = actions.add_parser("list", help="dead letters per model, newest last")
-    ls.add_argument("--model", help="only this model")
+    ls = actions.add_parser("list", help="dead letters per model, and webhooks; newest last")
+    only = ls.add_mutually_exclusive_group()
+    only.add_argument("--model", help="only this model")
+    only.add_argument("--webhooks", action="store_true", help="only webhook deliveries")
     ls.add_argument("--count", type=int, default=50, help="most entries shown per model")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     show = actions.add_parser("show", help="one dead letter in full")
-    show.add_argument("--model", required=True)
+    _which(show)
     show.add_argument("id", help="the dead letter's id (from list)")
-    retry = actions.add_parser("retry", help="replay dead letters on their original streams")
-    retry.add_argument("--model", required=True)
+    retry = actions.add_parser(
+        "retry", help="replay dead letters on their original streams (webhooks: deliver again)"
+    )
+    _which(retry)
     retry.add_argument("ids", nargs="*", help="dead letter ids; none with --all")
     retry.add_argument("--all", action="store_true", help="replay every dead letter of the model")
     retry.add_argument(
@@ -57,11 +67,31 @@ def add_parser(subparsers: Any, environ: Mapping[str, str]) -> None:
         help="give each replayed request a fresh deadline this far ahead",
     )
     purge = actions.add_parser("purge", help="delete dead letters")
-    purge.add_argument("--model", required=True)
+    _which(purge)
     purge.add_argument("ids", nargs="*", help="dead letter ids; none with --all")
     purge.add_argument("--all", action="store_true", help="delete every dead letter of the model")
     for action in (ls, show, retry, purge):  # `inferq dlq list --redis URL` works too
         connection_flags(action, environ, if_given=True)
+
+
+def _which(action: argparse.ArgumentParser) -> None:
+    which = action.add_mutually_exclusive_group(required=True)
+    which.add_argument("--model", help="the model's dead letters")
+    which.add_argument("--webhooks", action="store_true", help="webhook deliveries")
+
+
+def _describe_webhook(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
+    letter = WebhookDeadLetter.from_fields(fields)
+    return {
+        "id": entry_id.decode(),
+        "kind": letter.kind,
+        "object": letter.object_id,
+        "event": letter.status,
+        "url": letter.url,
+        "webhook_id": letter.webhook_id,
+        "attempts": letter.attempts,
+        "error": letter.error,
+    }
 
 
 def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
@@ -117,6 +147,10 @@ async def _connected(args: argparse.Namespace) -> int:
         return EXIT_REDIS
 
 
+def _of(args: argparse.Namespace) -> str:
+    return "among the webhooks" if args.webhooks else f"for model {args.model}"
+
+
 async def _selected(
     r: aioredis.Redis, stream: str, args: argparse.Namespace
 ) -> list[tuple[bytes, Any]]:
@@ -128,41 +162,82 @@ async def _selected(
     for entry_id in args.ids:
         found = cast(list[tuple[bytes, Any]], await r.xrange(stream, entry_id, entry_id))
         if not found:
-            raise SystemExit(f"inferq dlq: no dead letter {entry_id} for model {args.model}")
+            raise SystemExit(f"inferq dlq: no dead letter {entry_id} {_of(args)}")
         entries.extend(found)
     return entries
 
 
+async def _list(r: aioredis.Redis, keys: Keys, args: argparse.Namespace) -> int:
+    report: dict[str, dict[str, Any]] = {}
+    for model in [] if args.webhooks else await _models(r, keys, args.model):
+        stream = keys.dlq(model)
+        entries = cast(list[tuple[bytes, Any]], await r.xrevrange(stream, count=args.count))
+        report[model] = {
+            "total": await r.xlen(stream),
+            "entries": [_describe(i, f) for i, f in reversed(entries)],
+        }
+    hooks: dict[str, Any] = {"total": 0, "entries": []}
+    if not args.model:
+        found = cast(list[tuple[bytes, Any]], await r.xrevrange(keys.webhook_dlq, count=args.count))
+        hooks = {
+            "total": await r.xlen(keys.webhook_dlq),
+            "entries": [_describe_webhook(i, f) for i, f in reversed(found)],
+        }
+    if args.json:  # models as before; the webhooks' with --webhooks
+        print(json.dumps(hooks if args.webhooks else report, indent=2))
+        return EXIT_OK
+    if not report and not hooks["total"]:
+        print("no dead letters")
+    for model, data in report.items():
+        print(f"{model}: {data['total']} dead letter(s)")
+        for e in data["entries"]:
+            rid = e["request"]["id"] if e["request"] else "(undecodable)"
+            print(f"  {e['id']}  request {rid}  from {e['stream']}  {e['reason']}")
+    if hooks["total"]:
+        print(f"webhooks: {hooks['total']} dead letter(s) (inferq dlq retry --webhooks)")
+        for e in hooks["entries"]:
+            print(
+                f"  {e['id']}  {e['kind']} {e['object']} {e['event']} -> {e['url']}  after "
+                f"{e['attempts']} attempt(s): {e['error']}"
+            )
+    return EXIT_OK
+
+
+async def _retry_webhooks(
+    r: aioredis.Redis, keys: Keys, stream: str, entries: list[tuple[bytes, Any]]
+) -> int:
+    for entry_id, fields in entries:
+        letter = WebhookDeadLetter.from_fields(fields)
+        # Free the claim, then announce the object: the gateway that reads the announcement
+        # claims the delivery afresh (protocol.webhooks). One key a step: on a cluster they
+        # live in different slots.
+        await r.hdel(keys.webhook_sent(letter.kind, letter.object_id), letter.status)
+        await r.xadd(
+            keys.job_events,
+            {letter.kind: letter.object_id},
+            maxlen=JOB_EVENTS_MAXLEN,
+            approximate=True,
+        )
+        await r.xdel(stream, entry_id)
+    print(f"queued {len(entries)} webhook delivery(ies) again")
+    return EXIT_OK
+
+
 async def _run(r: aioredis.Redis, keys: Keys, args: argparse.Namespace) -> int:
     if args.action == "list":
-        report: dict[str, dict[str, Any]] = {}
-        for model in await _models(r, keys, args.model):
-            stream = keys.dlq(model)
-            entries = cast(list[tuple[bytes, Any]], await r.xrevrange(stream, count=args.count))
-            report[model] = {
-                "total": await r.xlen(stream),
-                "entries": [_describe(i, f) for i, f in reversed(entries)],
-            }
-        if args.json:
-            print(json.dumps(report, indent=2))
-            return EXIT_OK
-        if not report:
-            print("no dead letters")
-        for model, data in report.items():
-            print(f"{model}: {data['total']} dead letter(s)")
-            for e in data["entries"]:
-                rid = e["request"]["id"] if e["request"] else "(undecodable)"
-                print(f"  {e['id']}  request {rid}  from {e['stream']}  {e['reason']}")
-        return EXIT_OK
-    stream = keys.dlq(args.model)
+        return await _list(r, keys, args)
+    stream = keys.webhook_dlq if args.webhooks else keys.dlq(args.model)
     if args.action == "show":
         found = cast(list[tuple[bytes, Any]], await r.xrange(stream, args.id, args.id))
         if not found:
-            print(f"inferq dlq: no dead letter {args.id} for model {args.model}", file=sys.stderr)
+            print(f"inferq dlq: no dead letter {args.id} {_of(args)}", file=sys.stderr)
             return EXIT_NOT_FOUND
-        print(json.dumps(_describe(*found[0]), indent=2))
+        describe = _describe_webhook if args.webhooks else _describe
+        print(json.dumps(describe(*found[0]), indent=2))
         return EXIT_OK
     entries = await _selected(r, stream, args)
+    if args.action == "retry" and args.webhooks:
+        return await _retry_webhooks(r, keys, stream, entries)
     if args.action == "retry":
         now_ms = int((await r.time())[0]) * 1000
         replayed = 0
@@ -192,5 +267,5 @@ async def _run(r: aioredis.Redis, keys: Keys, args: argparse.Namespace) -> int:
         print(f"replayed {replayed} of {len(entries)} dead letter(s) for model {args.model}")
         return EXIT_OK
     deleted = await r.xdel(stream, *(i for i, _ in entries)) if entries else 0
-    print(f"purged {deleted} dead letter(s) for model {args.model}")
+    print(f"purged {deleted} dead letter(s) {_of(args)}")
     return EXIT_OK

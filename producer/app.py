@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -23,7 +23,14 @@ from starlette.types import Receive, Scope, Send
 import runtime
 from producer import docs, fastpath
 from producer import openapi as api
-from producer.errors import BadRequest, GatewayError, answer_for, error_body, http_form
+from producer.errors import (
+    BadRequest,
+    GatewayError,
+    NotFound,
+    answer_for,
+    error_body,
+    http_form,
+)
 from producer.gateway import Gateway
 from producer.httpbody import body_chunks, caller_traceparent, read_body, read_inference_body
 from producer.instrument import Instrument, RequestMetrics, observation
@@ -32,6 +39,7 @@ from producer.metrics import metrics_response
 from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
+from producer.sse import last_event_id, open_stream
 from producer.v2_request import parse_infer_request
 from protocol.jobs import JobRecord
 
@@ -146,6 +154,7 @@ async def submit_job(request: Request) -> Response:
             functools.partial(parse_infer_request, raw, length),
             idempotency_key=request.headers.get("idempotency-key"),
             traceparent=trace_context,
+            headers=request.headers,
         )
     record = submitted.record
     if seen is not None:
@@ -171,6 +180,33 @@ async def get_job(request: Request) -> Response:
 async def cancel_job(request: Request) -> Response:
     record = await _gateway(request).jobs.cancel(request.path_params["job"])
     return _job_response(record)
+
+
+def events_of(path: str, param: str) -> Callable[[Request], Awaitable[Response]]:
+    """The handler of ``GET /v2/{path}/{id}/events``: the event stream of one object of the kind
+    the gateway's registry serves under ``path`` (``producer.sse``)."""
+
+    async def events(request: Request) -> Response:
+        gateway = _gateway(request)
+        resume_from = last_event_id(request.headers.get("last-event-id"))
+        watched = gateway.watched.at(path)
+        if watched is None:
+            raise NotFound(f"this gateway serves no {path}")
+        return await open_stream(
+            watched,
+            gateway.replies.events,
+            gateway.redis,
+            gateway.keys.job_events,
+            request.path_params[param],
+            resume_from,
+            gateway.settings.sse_heartbeat_s,
+        )
+
+    return events
+
+
+job_events = events_of("jobs", "job")
+batch_events = events_of("batches", "batch")
 
 
 ADMIN_BODY_LIMIT = 64 * 1024
@@ -296,6 +332,8 @@ def routes() -> list[Route]:
         ApiRoute(
             "/v2/jobs/{job}", cancel_job, api.JOB_CANCEL, name="job_cancel", methods=["DELETE"]
         ),
+        ApiRoute("/v2/jobs/{job}/events", job_events, api.JOB_EVENTS, name="job_events"),
+        ApiRoute("/v2/batches/{batch}/events", batch_events, api.BATCH_EVENTS, name="batch_events"),
         ApiRoute(
             repository + "/index",
             repository_index,

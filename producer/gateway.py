@@ -1,4 +1,5 @@
-"""The gateway's runtime: its Redis broker and the background loops it owns.
+"""The gateway's runtime: its Redis broker and the background loops it owns (with a webhook
+secret, the webhook deliverer among them: ``producer.webhooks``).
 
 ``start`` connects (``_connect``), wires the parts to each other (``_build_parts``) and starts
 the loops (``_start_loops``); ``stop`` cancels and awaits every loop, fails the requests still
@@ -21,6 +22,7 @@ import structlog
 
 from producer.admin import ModelAdmin
 from producer.errors import ServiceUnavailable
+from producer.events import Watchers
 from producer.introspection import Introspection
 from producer.jobs import JobService
 from producer.metrics import GatewayMetrics, StreamGauges
@@ -29,6 +31,7 @@ from producer.registry import ModelRegistry
 from producer.replies import ReplyListener
 from producer.service import InferenceService
 from producer.settings import GatewaySettings
+from producer.webhooks import WebhookDeliverer, WebhookPolicy
 from protocol.keys import Keys
 from runtime import tracing
 from runtime.aio import cancelling
@@ -116,7 +119,24 @@ class Gateway:
             s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
         )
         self.metrics.track_waiters(lambda: self.replies.waiting)
-        self.jobs = JobService(s, self.service)
+        self.webhooks = WebhookPolicy(s)
+        self.jobs = JobService(s, self.service, self.webhooks)
+        self.watched = Watchers()
+        """What the events stream announces, by field: event streams and webhooks read it."""
+        self.watched.add(self.jobs)
+        self.deliverer: WebhookDeliverer | None = None
+        if s.webhook_secret is not None:
+            self.deliverer = WebhookDeliverer(
+                s,
+                self.broker,
+                self.keys,
+                self.watched,
+                self.clock,
+                self.metrics.webhooks,
+                self.loops.backoff("webhooks", critical=False),
+                self.webhooks.egress,
+            )
+            self.replies.events.tap(self.deliverer.wake)
         self.admin = ModelAdmin(s, self.keys, self.redis, self.registry)
         self.introspection = Introspection(self.keys, self.redis, self.registry)
         self._gauges = StreamGauges(
@@ -148,10 +168,14 @@ class Gateway:
         self.loops.spawn("clock", self._resync_clock())
         self.loops.spawn("stream-gauges", self._gauges.run())
         self.loops.spawn("stats", self._stats.run())
+        if self.deliverer is not None:
+            self.loops.spawn("webhooks", self.deliverer.run())
         self.metrics.runtime.track_loops(self.loops.health)
 
     async def stop(self) -> None:
         await self.loops.cancel()
+        if self.deliverer is not None:
+            await self.deliverer.release()
         self.replies.fail_all(ServiceUnavailable("the gateway is shutting down"))
         await self.pipeline.close()
         await self.replies.close()

@@ -3,19 +3,22 @@
 A job rides the same streams as synchronous requests (the low-priority lane unless the request
 names a ``priority``), with no reply stream: its record in Redis (``protocol.jobs``) is what
 clients poll. Gateways keep no job state, so any gateway, including one started after the
-submission, can answer for any job. Long polls (``?wait=``) wait on a future that the gateway's
-one listener resolves from the job events stream: no Redis connection per waiter.
+submission, can answer for any job. Long polls (``?wait=``) wait on a subscription that the
+gateway's one listener feeds from the job events stream: no Redis connection per waiter.
+``JobService`` is also the ``producer.events.Watched`` of jobs, for their event streams and
+webhooks.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import json
 import re
 import secrets
-from dataclasses import dataclass
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -31,14 +34,17 @@ from producer.errors import (
     UnprocessableContent,
     redis_unavailable,
 )
+from producer.events import WatchedState, Webhook
 from producer.service import Decode, InferenceService, Prepared, Terms
 from producer.settings import GatewaySettings
 from producer.v2_request import InferRequestBody
 from producer.v2_response import response_document
+from producer.webhooks import WebhookPolicy, asked
 from protocol import ProtocolError
 from protocol.cachekey import digest
 from protocol.deadline import has_expired
 from protocol.jobs import (
+    FINAL_STATUSES,
     JOB_ID_RANDOM_BYTES,
     RESERVE_SCRIPT,
     SUBMIT_SCRIPT,
@@ -53,7 +59,14 @@ from protocol.jobs import (
     transition_args,
 )
 from protocol.keys import JOB_EVENTS_MAXLEN, Lane, idempotency_tag_bytes
-from protocol.messages import FIELD, JOB_EVENT_FIELD, InferRequest, InferResult, Kind
+from protocol.messages import (
+    EVENT_STATUS_FIELD,
+    FIELD,
+    JOB_EVENT_FIELD,
+    InferRequest,
+    InferResult,
+    Kind,
+)
 from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.gateway")
@@ -104,10 +117,25 @@ def iso(ms: int) -> str | None:
     return stamp.replace("+00:00", "Z")
 
 
+JOB_WEBHOOK_EVENTS = frozenset(s.value for s in JobStatus)
+DEFAULT_WEBHOOK_EVENTS = frozenset(s.value for s in FINAL_STATUSES)
+
+
 class JobService:
-    def __init__(self, settings: GatewaySettings, inference: InferenceService) -> None:
+    field = JOB_EVENT_FIELD
+    """Jobs as ``producer.events.Watched``: announced under this events field..."""
+    path = "jobs"
+    """... and served under ``/v2/jobs``."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        inference: InferenceService,
+        webhooks: WebhookPolicy | None = None,
+    ) -> None:
         self.settings = settings
         self.inference = inference
+        self.webhooks = webhooks or WebhookPolicy(settings)
         self.keys = inference.keys
         self.registry = inference.registry
         self.replies = inference.replies
@@ -128,9 +156,12 @@ class JobService:
         *,
         idempotency_key: str | None,
         traceparent: str | None,
+        headers: Mapping[str, str] | None = None,
     ) -> Submitted:
         """Queue a job for the request ``decode`` parses, or find the one an Idempotency-Key
-        names; the record of either (its ``version`` is the one the job was routed to)."""
+        names; the record of either (its ``version`` is the one the job was routed to). A
+        webhook is asked for in the request's parameters or in ``headers``
+        (``producer.webhooks.asked``)."""
         if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
             raise BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
         random = secrets.token_bytes(JOB_ID_RANDOM_BYTES)
@@ -144,6 +175,12 @@ class JobService:
         )
         assert isinstance(prepared, Prepared), "jobs are never answered from the cache"
         request, body, lane = prepared.request, prepared.body, prepared.schedule.lane
+        try:
+            webhook = await self._webhook(body.parameters, headers or {})
+        except GatewayError as e:
+            prepared.stage.end()
+            e.routed = request.version
+            raise
         record = JobRecord(
             id=job_id,
             model=name,
@@ -154,6 +191,8 @@ class JobService:
             client_id=body.client_id or "",
             binary_outputs=tuple(sorted(body.binary_outputs)),
             binary_all=body.binary_all,
+            webhook=webhook.url if webhook else "",
+            webhook_events=tuple(sorted(webhook.events)) if webhook else (),
         )
         fingerprint = request_digest(version or None, body) if idempotency_key else ""
         try:
@@ -166,6 +205,10 @@ class JobService:
         if existing is not None:
             return Submitted(existing, replayed=True)
         self.registry.note_queued(name)
+        if webhook is not None and JobStatus.QUEUED.value in webhook.events:
+            # Best effort: unannounced, "queued" is told with the job's next change.
+            with contextlib.suppress(*RETRYABLE):
+                await self._announce(job_id, JobStatus.QUEUED)
         log.info(
             "job queued",
             job_id=job_id,
@@ -175,6 +218,14 @@ class JobService:
             traceparent=traceparent,
         )
         return Submitted(record, replayed=False)
+
+    async def _webhook(
+        self, parameters: Mapping[str, object], headers: Mapping[str, str]
+    ) -> Webhook | None:
+        ask = asked(parameters, headers)
+        if ask is None:
+            return None
+        return await self.webhooks.check(ask, JOB_WEBHOOK_EVENTS, DEFAULT_WEBHOOK_EVENTS)
 
     async def _claim(
         self,
@@ -349,30 +400,46 @@ class JobService:
                 *transition_args(to, finished_ms=self.clock.now_ms(), **fields),
             ],
         )
+        was = before[0] if before else None
+        if was == record.status.value.encode():  # it moved: tell the watchers where to
+            await self._announce(record.id, to)
+        return was
+
+    async def _announce(self, job_id: str, status: JobStatus) -> None:
         await self._redis.xadd(
             self.keys.job_events,
-            {JOB_EVENT_FIELD: record.id},
+            {JOB_EVENT_FIELD: job_id, EVENT_STATUS_FIELD: status.value},
             maxlen=JOB_EVENTS_MAXLEN,
             approximate=True,
         )
-        return before[0] if before else None
 
     async def get(self, job_id: str, wait_s: float = 0.0) -> JobRecord:
         if not _JOB_ID.match(job_id):
             raise NotFound(f"no job '{job_id}'")
         wait_s = max(0.0, min(wait_s, self.settings.max_job_wait_s))
-        changed = self.replies.expect_job(job_id) if wait_s else None
+        events = self.replies.events
+        changed = events.subscribe(JOB_EVENT_FIELD, job_id) if wait_s else None
         try:
             record = await self._read(job_id)
-            if changed is not None and not record.status.final:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait_s):
-                        await changed
+            deadline = time.monotonic() + wait_s
+            while changed is not None and not record.status.final:
+                # Any change wakes it ("running" too): wait on until a final one, or the end.
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or await changed.next(remaining) is None:
+                    break
                 record = await self._read(job_id)
             return record
         finally:
             if changed is not None:
-                self.replies.forget_job(job_id, changed)
+                events.unsubscribe(changed)
+
+    async def state(self, object_id: str) -> WatchedState | None:
+        """The job as ``GET /v2/jobs/{id}`` shows it, with the states it went through (its
+        event stream and webhooks; ``producer.events``)."""
+        if not _JOB_ID.match(object_id):
+            return None
+        record = await self._load(object_id)
+        return None if record is None else watched_state(record)
 
     async def _read(self, job_id: str) -> JobRecord:
         try:
@@ -414,10 +481,31 @@ class JobService:
         raise Conflict(f"job '{job_id}' has already finished ({record.status.value})")
 
 
+def watched_state(record: JobRecord) -> WatchedState:
+    """A job's state and the ones before it, each with its document as JSON alone (binary
+    outputs as JSON data: an event or a webhook body carries no binary part)."""
+    webhook = Webhook(record.webhook, frozenset(record.webhook_events)) if record.webhook else None
+
+    def at(status: JobStatus) -> WatchedState:
+        doc, _ = document(record.at(status), binary=False)
+        return WatchedState(doc, status.value, status.final, webhook)
+
+    earlier = tuple(at(status) for status in record.status.path[:-1])
+    return replace(at(record.status), earlier=earlier)
+
+
 def render(record: JobRecord) -> tuple[bytes, int | None]:
     """The job as JSON, with the V2 inference response under ``result`` once it succeeded;
     with the binary tensor extension (the header length returned) when the result has binary
     outputs."""
+    doc, blobs = document(record)
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    return (b"".join([header, *blobs]), len(header)) if blobs else (header, None)
+
+
+def document(record: JobRecord, *, binary: bool = True) -> tuple[dict[str, Any], list[bytes]]:
+    """The job's JSON document and the binary outputs that follow it (``binary``: as the
+    submitter asked; else none, every output as JSON data where JSON can carry it)."""
     doc: dict[str, Any] = {
         "id": record.id,
         "model_name": record.model,
@@ -436,10 +524,11 @@ def render(record: JobRecord) -> tuple[bytes, int | None]:
             model_name=result.model,
             model_version=result.version,
             outputs=result.outputs,
-            binary_outputs=frozenset(record.binary_outputs),
-            binary_all=record.binary_all,
+            binary_outputs=frozenset(record.binary_outputs) if binary else frozenset(),
+            binary_all=record.binary_all and binary,
         )
     elif record.error:
         doc["error"] = record.error
-    header = json.dumps(doc, separators=(",", ":")).encode()
-    return (b"".join([header, *blobs]), len(header)) if blobs else (header, None)
+    if record.webhook:
+        doc["webhook"] = {"url": record.webhook, "events": list(record.webhook_events)}
+    return doc, blobs if binary else []

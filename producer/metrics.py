@@ -64,6 +64,8 @@ ENDPOINTS = (
     "job_submit",
     "job_status",
     "job_cancel",
+    "job_events",
+    "batch_events",
     "openapi",
 )
 """Values of the ``endpoint`` label; anything else is recorded as ``other``."""
@@ -216,6 +218,7 @@ class GatewayMetrics:
             registry=r,
         )
         self.runtime = RuntimeGauges(r)
+        self.webhooks = WebhookMetrics(r)
 
     def observe_request(
         self,
@@ -260,6 +263,71 @@ class GatewayMetrics:
     def track_waiters(self, count: Callable[[], int]) -> None:
         """Read the number of waiting requests at scrape time (``ReplyListener.waiting``)."""
         self.waiting.set_function(count)
+
+
+WEBHOOK_FAILURES = ("http_4xx", "http_5xx", "http_other", "timeout", "connect", "refused")
+"""Values of the ``reason`` label of ``inferq_webhook_failures_total``: the receiver answered
+4xx, 5xx or another non-2xx; no answer in ``--webhook-timeout-s``; no connection (refused,
+reset, unresolvable host); the SSRF guard refused the address (never retried)."""
+
+
+class WebhookMetrics:
+    """The webhook deliverer's metrics (``producer.webhooks``), by kind (job, batch)."""
+
+    def __init__(self, r: CollectorRegistry) -> None:
+        self.deliveries = Counter(
+            "inferq_webhook_deliveries_total",
+            "Webhook deliveries a receiver accepted (2xx), by kind and event (status).",
+            ["kind", "event"],
+            registry=r,
+        )
+        self.failures = Counter(
+            "inferq_webhook_failures_total",
+            "Webhook attempts that failed, by kind and reason (http_4xx, http_5xx, http_other, "
+            "timeout, connect, refused).",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "inferq_webhook_retries_total",
+            "Webhook attempts after a delivery's first, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "inferq_webhook_dead_letters_total",
+            "Webhook deliveries given up and written to the webhook dead-letter stream, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.lag = Histogram(
+            "inferq_webhook_delivery_lag_seconds",
+            "From the event (the job's or batch's change, on the Redis clock) to the receiver's "
+            "2xx, retries included, by kind.",
+            ["kind"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.held = Gauge(
+            "inferq_webhook_held",
+            "Webhook deliveries this gateway holds: being sent or waiting to be retried.",
+            registry=r,
+        )
+        self.backlog = Gauge(
+            "inferq_webhook_backlog",
+            "Events no gateway's webhook deliverer has read yet (the webhook group's lag on "
+            "the events stream), as this gateway last read it.",
+            registry=r,
+        )
+        self.pending = Gauge(
+            "inferq_webhook_pending",
+            "Events read by some gateway's webhook deliverer and not yet done with (the "
+            "group's pending entries), as this gateway last read it.",
+            registry=r,
+        )
+
+    def failed(self, kind: str, reason: str) -> None:
+        self.failures.labels(kind, _one_of(reason, WEBHOOK_FAILURES)).inc()
 
 
 def metrics_response(registry: CollectorRegistry, accept: str | None = None) -> Response:

@@ -29,7 +29,7 @@ ERROR_REASONS = {
     400: "invalid request (a readable message says what)",
     401: "no admin token sent (model-control API)",
     403: "wrong admin token, or the model-control API is disabled",
-    404: "unknown model, version, job or endpoint",
+    404: "unknown model, version, job, batch or endpoint",
     408: "the request's headers or body did not arrive in time; the connection is closed",
     409: "the job has already started or finished; or another load of the model is running",
     410: "the job was accepted within its retention, but Redis lost its record (submit it again)",
@@ -44,6 +44,7 @@ ERROR_REASONS = {
 }
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
+_JOB_STATUSES = ["queued", "running", "succeeded", "failed", "expired", "cancelled"]
 
 _TENSOR: dict[str, Any] = {
     "type": "object",
@@ -79,6 +80,18 @@ SCHEMAS: dict[str, Any] = {
                     },
                     "cache": {"type": "boolean"},
                     "binary_data_output": {"type": "boolean"},
+                    "webhook": {
+                        "type": "string",
+                        "description": "jobs: the URL told of the job's changes (docs/webhooks.md)",
+                    },
+                    "webhook_events": {
+                        "description": "jobs: the statuses the webhook is told of, a list or "
+                        "comma-separated (default: the final ones)",
+                        "oneOf": [
+                            {"type": "string"},
+                            {"type": "array", "items": {"type": "string", "enum": _JOB_STATUSES}},
+                        ],
+                    },
                 },
             },
             "inputs": {"type": "array", "items": {"$ref": "#/components/schemas/InferInput"}},
@@ -123,15 +136,19 @@ SCHEMAS: dict[str, Any] = {
             "id": {"type": "string"},
             "model_name": {"type": "string"},
             "model_version": {"type": "string"},
-            "status": {
-                "type": "string",
-                "enum": ["queued", "running", "succeeded", "failed", "expired", "cancelled"],
-            },
+            "status": {"type": "string", "enum": _JOB_STATUSES},
             "created_at": {"type": "string", "nullable": True},
             "started_at": {"type": "string", "nullable": True},
             "finished_at": {"type": "string", "nullable": True},
             "result": {"$ref": "#/components/schemas/InferResponse"},
             "error": {"type": "string"},
+            "webhook": {
+                "type": "object",
+                "properties": {
+                    "url": {"type": "string"},
+                    "events": {"type": "array", "items": {"type": "string"}},
+                },
+            },
         },
     },
 }
@@ -215,7 +232,11 @@ SUBMIT_JOB = Operation(
     {202: Reply("queued", "Job")},
     errors=(400, 404, 408, 413, 415, 422, 429, 503),
     body="InferRequest",
-    headers={"Idempotency-Key": {"type": "string"}},
+    headers={
+        "Idempotency-Key": {"type": "string"},
+        "Inferq-Webhook": {"type": "string", "description": "as parameters.webhook"},
+        "Inferq-Webhook-Events": {"type": "string", "description": "as parameters.webhook_events"},
+    },
 )
 MODEL_METADATA = Operation(
     "Model metadata", {200: Reply("metadata", "ModelMetadata")}, errors=(404,)
@@ -236,6 +257,25 @@ JOB_CANCEL = Operation(
     "Cancel a job that has not started",
     {200: Reply("the cancelled job", "Job")},
     errors=(404, 409, 410, 503),
+)
+_EVENTS = {
+    200: Reply(
+        "text/event-stream: one event per state (data: the object as GET shows it; id: to "
+        "resume with Last-Event-ID on any gateway), ending after the final one (docs/events.md)"
+    ),
+    204: Reply("a resume whose client has already seen the final state: nothing more to send"),
+}
+JOB_EVENTS = Operation(
+    "The job's states as server-sent events",
+    _EVENTS,
+    errors=(400, 404, 503),
+    headers={"Last-Event-ID": {"type": "string"}},
+)
+BATCH_EVENTS = Operation(
+    "The batch's states and progress as server-sent events",
+    _EVENTS,
+    errors=(400, 404, 503),
+    headers={"Last-Event-ID": {"type": "string"}},
 )
 REPOSITORY_INDEX = Operation(
     "Every model version and its state (Triton's repository index)",

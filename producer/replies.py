@@ -16,10 +16,10 @@ it and sweeps the waiting requests at once (``producer.losses``), answering thos
 are stored and failing those Redis lost. Every keepalive also sweeps, so requests whose entries
 vanished from a request stream are failed within two heartbeats rather than at their deadline.
 
-Job events (``Keys.job_events``, which every gateway reads to wake its long polls) ride in the
-same ``XREAD`` where one command may read both streams; where it may not (a Redis Cluster puts
-them in different slots) the listener reads them in a second loop, on a second connection:
-still O(1).
+Job events (``Keys.job_events``, which every gateway reads to wake its long polls, event streams
+and webhook deliverer: ``events``, a ``producer.events.EventFanout``) ride in the same ``XREAD``
+where one command may read both streams; where it may not (a Redis Cluster puts them in
+different slots) the listener reads them in a second loop, on a second connection: still O(1).
 """
 
 from __future__ import annotations
@@ -31,11 +31,12 @@ from typing import Any
 import structlog
 
 from producer.errors import ServiceUnavailable
+from producer.events import EventFanout
 from producer.losses import sweep
 from producer.waiters import Waiter, Waiters
 from protocol import ProtocolError
 from protocol.keys import next_id, text
-from protocol.messages import FIELD, JOB_EVENT_FIELD, KEEPALIVE_FIELD, InferResult
+from protocol.messages import FIELD, KEEPALIVE_FIELD, InferResult
 from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.broker import Broker
@@ -84,7 +85,8 @@ class ReplyListener:
         """Whether this listener's stream has existed (so a missing one means it was lost)."""
         self.job_events = job_events
         self._events_id: str | None = None
-        self._job_waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self.events = EventFanout()
+        """Who hears the job events: long polls, event streams, the webhook deliverer."""
         self._reads = reads or Backoff("replies", log)
         self._keepalives = keepalives or Backoff("reply-keepalive", log)
         self._events = events or Backoff("job-events", log)
@@ -100,22 +102,6 @@ class ReplyListener:
     @property
     def healthy(self) -> bool:
         return self._reads.healthy and self._keepalives.healthy
-
-    def expect_job(self, job_id: str) -> asyncio.Future[None]:
-        """A future resolved when any worker or gateway announces that the job changed.
-
-        Register before reading the job record, so a change between the read and the wait is
-        not missed."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._job_waiters.setdefault(job_id, set()).add(future)
-        return future
-
-    def forget_job(self, job_id: str, future: asyncio.Future[None]) -> None:
-        waiters = self._job_waiters.get(job_id)
-        if waiters is not None:
-            waiters.discard(future)
-            if not waiters:
-                del self._job_waiters[job_id]
 
     # -- the keepalive ---------------------------------------------------------------------
 
@@ -135,6 +121,7 @@ class ReplyListener:
             self._last_id = text(replies[1])
         if self.job_events is not None and self._events_id is None:
             self._events_id = text(replies[3][0][0]) if replies[3] else "0-0"
+            self.events.position = self._events_id
         if lost:
             self.losses += 1
             log.warning(
@@ -221,8 +208,7 @@ class ReplyListener:
             for stream, entries in read:
                 if text(stream) == self.job_events:
                     self._events_id = text(entries[-1][0])
-                    for _, fields in entries:
-                        self._job_changed(fields)
+                    self.events.publish(entries)
                     continue
                 for entry_id, fields in entries:
                     self._last_id = text(entry_id)
@@ -235,12 +221,6 @@ class ReplyListener:
         if self.job_events in group and self._events_id is not None:
             streams[self.job_events] = self._events_id
         return streams
-
-    def _job_changed(self, fields: dict[Any, Any]) -> None:
-        job_id = fields.get(JOB_EVENT_FIELD)
-        for future in self._job_waiters.pop(text(job_id), ()) if job_id else ():
-            if not future.done():
-                future.set_result(None)
 
     def _resolve(self, fields: dict[Any, Any]) -> None:
         payload = fields.get(FIELD)

@@ -6,6 +6,11 @@ the ``inferq`` parsers and ``inferq up``'s forwarding derive from these declarat
 
 from __future__ import annotations
 
+import argparse
+import base64
+import binascii
+import ipaddress
+import re
 import secrets
 from dataclasses import dataclass, field
 
@@ -18,6 +23,42 @@ JOB_DURABILITY = ("async", "replicated")
 
 def default_gateway_id() -> str:
     return secrets.token_hex(6)
+
+
+HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?)+$")
+"""A DNS host name (ASCII: IDNA-encoded), as webhook URLs and ``--webhook-allow`` name them."""
+
+
+def webhook_allow_list(raw: str) -> tuple[str, ...]:
+    """``--webhook-allow``: comma-separated host names (exact) and addresses or CIDRs, checked
+    here so a typo fails at start, not at the first delivery."""
+    entries = tuple(e.strip().lower() for e in raw.split(",") if e.strip())
+    for entry in entries:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            if not HOSTNAME.match(entry):
+                raise argparse.ArgumentTypeError(
+                    f"{entry!r} is neither a host name nor an address or CIDR"
+                ) from None
+    return entries
+
+
+def webhook_secret(raw: str) -> str:
+    """``INFERQ_WEBHOOK_SECRET``: a Standard Webhooks secret, ``whsec_`` and base64 of 24 to 64
+    random bytes (the form the receivers' libraries take). The value is never echoed."""
+    body = raw.strip().removeprefix("whsec_")
+    try:
+        key = base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError):
+        key = b""
+    if not raw.strip().startswith("whsec_") or not 24 <= len(key) <= 64:
+        raise argparse.ArgumentTypeError(
+            "a webhook secret is 'whsec_' then the base64 of 24 to 64 random bytes; make one "
+            'with: python -c "import base64, os; '
+            "print('whsec_' + base64.b64encode(os.urandom(32)).decode())\""
+        )
+    return raw.strip()
 
 
 @dataclass(frozen=True)
@@ -139,6 +180,70 @@ class GatewaySettings(ConnectionSettings):
         secret=True,
         help="bearer token of the model-control API (/v2/repository/...); unset disables it "
         "(prefer the environment variable: flags show in the process list)",
+    )
+    webhook_secret: str | None = option(
+        None,
+        flag="--webhook-secret",
+        env="INFERQ_WEBHOOK_SECRET",
+        parse=webhook_secret,
+        secret=True,
+        help="the key webhooks are signed with (Standard Webhooks: whsec_ and base64); unset, "
+        "submissions that ask for a webhook get 400. Every gateway needs the same one",
+    )
+    webhook_allow: tuple[str, ...] = option(
+        (),
+        flag="--webhook-allow",
+        env="INFERQ_WEBHOOK_ALLOW",
+        parse=webhook_allow_list,
+        render=",".join,
+        help="comma-separated hosts, addresses or CIDRs webhooks may go to although they are "
+        "loopback, link-local or private (refused by default, against SSRF): e.g. "
+        "127.0.0.1 for a receiver on this machine",
+    )
+    webhook_timeout_s: float = option(
+        10.0,
+        flag="--webhook-timeout-s",
+        env="INFERQ_WEBHOOK_TIMEOUT_S",
+        parse=positive_float,
+        help="one webhook attempt (connect, send, answer) fails after this long",
+    )
+    webhook_max_attempts: int = option(
+        12,
+        flag="--webhook-max-attempts",
+        env="INFERQ_WEBHOOK_MAX_ATTEMPTS",
+        parse=positive_int,
+        help="attempts of a webhook delivery before it goes to the dead-letter stream "
+        "(inferq dlq list)",
+    )
+    webhook_retry_s: float = option(
+        1.0,
+        flag="--webhook-retry-s",
+        env="INFERQ_WEBHOOK_RETRY_S",
+        parse=positive_float,
+        help="wait before the first retry of a webhook; it doubles each time, up to 300 s",
+    )
+    webhook_concurrency: int = option(
+        32,
+        flag="--webhook-concurrency",
+        env="INFERQ_WEBHOOK_CONCURRENCY",
+        parse=positive_int,
+        help="webhook requests one gateway has in flight at once",
+    )
+    webhook_reclaim_s: float = option(
+        30.0,
+        flag="--webhook-reclaim-s",
+        env="INFERQ_WEBHOOK_RECLAIM_S",
+        parse=positive_float,
+        help="a webhook a gateway has held this long without renewing it (it died) is taken "
+        "over by another gateway",
+    )
+    sse_heartbeat_s: float = option(
+        15.0,
+        flag="--sse-heartbeat-s",
+        env="INFERQ_SSE_HEARTBEAT_S",
+        parse=positive_float,
+        help="an event stream (GET /v2/jobs/{id}/events) sends a comment this often, so "
+        "proxies keep it open",
     )
     admin_load_timeout_s: float = option(
         120.0,

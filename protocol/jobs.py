@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from protocol.errors import ProtocolError
@@ -37,6 +37,22 @@ class JobStatus(StrEnum):
     @property
     def final(self) -> bool:
         return self not in (JobStatus.QUEUED, JobStatus.RUNNING)
+
+    @property
+    def path(self) -> tuple[JobStatus, ...]:
+        """The statuses a job in this one has had, oldest first, ending with this one: a job's
+        moves are fixed (queued, then running, then succeeded or failed; or from queued
+        straight to cancelled or expired), so its history follows from where it is."""
+        if self is JobStatus.QUEUED:
+            return (self,)
+        if self in (JobStatus.CANCELLED, JobStatus.EXPIRED):
+            return (JobStatus.QUEUED, self)
+        running = (JobStatus.QUEUED, JobStatus.RUNNING)
+        return running if self is JobStatus.RUNNING else (*running, self)
+
+
+FINAL_STATUSES: tuple[JobStatus, ...] = tuple(s for s in JobStatus if s.final)
+"""What a job's webhook reports when the submission names no ``webhook_events``."""
 
 
 TRANSITION_SCRIPT = """
@@ -158,9 +174,25 @@ class JobRecord:
     result: bytes = b""
     """The encoded ``InferResult`` once succeeded."""
     error: str = ""
+    webhook: str = ""
+    """The URL told of the job's changes (``producer.webhooks``); "" for none."""
+    webhook_events: tuple[str, ...] = ()
+    """The statuses the webhook is told of."""
     extra: dict[str, str] = field(default_factory=dict)
 
+    def at(self, status: JobStatus) -> JobRecord:
+        """The record as it was while the job was in ``status`` (one of ``self.status.path``):
+        each move sets its own fields only (``started_ms`` on running; ``finished_ms`` and the
+        result or error at the end), so an earlier state is this one without them."""
+        if status is self.status:
+            return self
+        earlier = replace(self, status=status, finished_ms=0, result=b"", error="")
+        return earlier if status is JobStatus.RUNNING else replace(earlier, started_ms=0)
+
     def to_fields(self) -> dict[str, str | bytes | int]:
+        webhook: dict[str, str] = {}
+        if self.webhook:  # most jobs have none: no empty fields in every record
+            webhook = {"webhook": self.webhook, "webhook_events": ",".join(self.webhook_events)}
         return {
             "id": self.id,
             "model": self.model,
@@ -175,6 +207,7 @@ class JobRecord:
             "binary_all": int(self.binary_all),
             "result": self.result,
             "error": self.error,
+            **webhook,
         }
 
     @classmethod
@@ -196,6 +229,8 @@ class JobRecord:
                 binary_all=text.get("binary_all", "0") == "1",
                 result=f.get("result", b""),
                 error=text.get("error", ""),
+                webhook=text.get("webhook", ""),
+                webhook_events=tuple(e for e in text.get("webhook_events", "").split(",") if e),
             )
         except (KeyError, ValueError, UnicodeDecodeError, AttributeError) as e:
             raise ProtocolError(f"job record is malformed: {e!r}") from e

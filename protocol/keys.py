@@ -18,7 +18,12 @@ same tag live in the same slot, so on one master)::
                                       it names (see ``idempotency_tag``)
     {ns}:cancelled:{<model>}          zset: ids of requests whose callers have gone -> their
                                       deadline (``protocol.cancellation``); dropped unrun
-    {ns}:jobevents                    stream of finished job ids, read by every gateway
+    {ns}:jobevents                    events stream: the ids of jobs (and batches) that changed,
+                                      read by every gateway, and by the group WEBHOOK_GROUP
+    {ns}:webhooks:sent:<kind>:<id>    hash: status -> the events entry that claimed its webhook
+                                      delivery (``protocol.webhooks``), with a TTL
+    {ns}:webhooks:dlq                 dead-letter stream of webhook deliveries that never got a
+                                      2xx (``inferq dlq --webhooks``)
 
     Control plane: one slot per namespace (a few commands a second; read and written together)
     {ns}:{<ns>}:workers               zset: worker id -> heartbeat expiry (Redis-clock ms)
@@ -64,6 +69,10 @@ from enum import StrEnum
 
 GROUP = "workers"
 """The one consumer group every worker joins on every request stream."""
+
+WEBHOOK_GROUP = "webhooks"
+"""The consumer group of the events stream whose consumers (gateways) deliver webhooks: each
+event is handled by one gateway, and one that dies leaves its pending entries to another."""
 
 JOB_TAG = slice(8, 12)
 """Where a job id (``protocol.jobs.new_job_id``) holds its key's hash tag: characters 8 to 11,
@@ -235,6 +244,14 @@ class Keys:
 
     def dlq(self, model: str) -> str:
         return f"{self.namespace}:dlq:{{{model}}}"
+
+    def webhook_sent(self, kind: str, object_id: str) -> str:
+        """Which webhook deliveries of one job or batch (``kind``) are claimed, and by whom."""
+        return f"{self.namespace}:webhooks:sent:{kind}:{object_id}"
+
+    @property
+    def webhook_dlq(self) -> str:
+        return f"{self.namespace}:webhooks:dlq"
 
     @property
     def dlq_pattern(self) -> str:

@@ -22,6 +22,11 @@ FIELD = b"m"
 JOB_EVENT_FIELD = b"job"
 """The field of a job events entry (``Keys.job_events``): the id of the job that changed."""
 
+EVENT_STATUS_FIELD = b"status"
+"""Beside the id in an events entry, where the writer knows it: the status the object moved to
+(event streams and webhooks use it to replay each state in order; an entry without it means
+"re-read the object")."""
+
 KEEPALIVE_FIELD = b"keepalive"
 """The field of the entry a gateway writes to keep its own reply stream alive (no payload)."""
 

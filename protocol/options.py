@@ -168,10 +168,10 @@ def add_flags(
             if raw is not None:
                 try:
                     value = opt.parse(raw)
-                except (TypeError, ValueError, argparse.ArgumentTypeError):
-                    parser.error(
-                        f"environment variable {opt.env}={raw!r} is not a valid {opt.flag}"
-                    )
+                except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
+                    # A secret's value is never echoed (the terminal may be logged).
+                    shown = f"{opt.env} ({e})" if opt.secret else f"{opt.env}={raw!r}"
+                    parser.error(f"environment variable {shown} is not a valid {opt.flag}")
                 if opt.env_apart:
                     apart[dest], value = value, default
             env = f" [env {opt.env}]" if opt.env else ""

@@ -6,6 +6,8 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -381,3 +383,32 @@ class Stack:
                 content=json.dumps(body),
                 headers={"content-type": "application/json", **options},
             )
+
+
+def gateway_process(
+    redis_url: str, namespace: str, port: int, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A real ``inferq gateway`` process (for scenarios that SIGKILL it, measure it or need its
+    own file descriptors); ``env`` adds to this process's environment."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "inferq",
+            "gateway",
+            "--redis",
+            redis_url,
+            "--namespace",
+            namespace,
+            "--port",
+            str(port),
+            "--grpc-port",
+            "0",
+            "--log-level",
+            "warning",
+            *extra,
+        ],
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

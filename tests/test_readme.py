@@ -128,7 +128,7 @@ def test_the_readmes_http_api_names_every_route_of_the_gateway():
     table = "".join(re.findall(r"^\|.*\|$", section, flags=re.M))
     for route in routes():
         path = route.path.replace("{model}", "{m}").replace("{version}", "{v}")  # as written
-        path = path.replace("{job}", "{id}")
+        path = path.replace("{job}", "{id}").replace("{batch}", "{id}")
         path = path.replace("/versions/{v}", "")  # written [/versions/{v}]
         if route.path.startswith("/docs/"):
             continue  # Swagger UI's own assets, loaded by /docs

@@ -13,8 +13,6 @@ from __future__ import annotations
 import asyncio
 import resource
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from protocol.keys import GROUP, Keys, Lane
 from tests.chaos.accounting import Tally, held_by, pending, request_body
 from tests.chaos.conftest import live_workers
 from tests.chaos.traffic import send
-from tests.support import Stack, wait_until
+from tests.support import Stack, gateway_process, wait_until
 
 TOTAL = 2_000
 
@@ -403,7 +401,7 @@ def test_ten_thousand_waiting_requests_keep_redis_connections_flat(
     n = 10_000
     _raise_open_files_limit(n + 1_000)  # per process: this one's clients, the gateway's
     port = free_port()
-    gateway = _gateway_process(redis_url, namespace, port, "--max-timeout-ms", "120000")
+    gateway = gateway_process(redis_url, namespace, port, "--max-timeout-ms", "120000")
     try:
         workers.start("hold")
         with redis.Redis.from_url(redis_url) as r:
@@ -463,33 +461,6 @@ def test_ten_thousand_waiting_requests_keep_redis_connections_flat(
         gateway.wait(30)
 
 
-def _gateway_process(
-    redis_url: str, namespace: str, port: int, *extra: str
-) -> subprocess.Popen[bytes]:
-    """A real gateway process, for scenarios that measure it or need its own file descriptors."""
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "inferq",
-            "gateway",
-            "--redis",
-            redis_url,
-            "--namespace",
-            namespace,
-            "--port",
-            str(port),
-            "--grpc-port",
-            "0",
-            "--log-level",
-            "warning",
-            *extra,
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
 def _ready(port: int) -> bool:
     import urllib.request
 
@@ -517,7 +488,7 @@ def test_three_times_overload_gets_successes_in_time_or_fast_refusals(
 
     chaos_repo.add("overload", base_ms=50, per_row_ms=1, max_batch=8)
     port = free_port()
-    gateway = _gateway_process(redis_url, namespace, port)
+    gateway = gateway_process(redis_url, namespace, port)
     try:
         workers.start("overload")
         wait_until(lambda: _ready(port), 30, "the gateway to be ready")

@@ -29,7 +29,8 @@ def test_every_documented_route_is_one_operation_and_nothing_else_is() -> None:
         if m != "HEAD"
     }
     assert operations(doc) == routed
-    assert len(routed) == 23  # 16, and config (2), stats (3), GET index and reset (issue #23)
+    # 16, config (2), stats (3), GET index and reset (issue #23), job and batch events (#24)
+    assert len(routed) == 25
     undocumented = {r.path for r in table if isinstance(r, Route) and not isinstance(r, ApiRoute)}
     assert undocumented == {"/openapi.json", "/metrics", "/docs", "/docs/{asset}"}
     assert not undocumented & set(doc["paths"])
@@ -79,15 +80,17 @@ def test_admin_routes_need_the_token_and_inference_takes_a_v2_body() -> None:
         "503",
         "504",
     }
-    header = doc["paths"]["/v2/models/{model}/jobs"]["post"]["parameters"]
-    assert header == [
-        {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string"}}
+    headers = doc["paths"]["/v2/models/{model}/jobs"]["post"]["parameters"]
+    assert [(h["name"], h["in"], h["required"]) for h in headers] == [
+        ("Idempotency-Key", "header", False),
+        ("Inferq-Webhook", "header", False),
+        ("Inferq-Webhook-Events", "header", False),
     ]
 
 
 def test_the_document_loads_as_openapi_and_is_not_shared_between_calls() -> None:
     doc = document(routes())
-    assert len(list(schemathesis.openapi.from_dict(doc).get_all_operations())) == 23
+    assert len(list(schemathesis.openapi.from_dict(doc).get_all_operations())) == 25
     doc["components"]["schemas"]["Error"]["properties"].clear()
     assert SCHEMAS["Error"]["properties"] == {"error": {"type": "string"}}
 

@@ -115,14 +115,20 @@ def test_a_reply_published_while_the_listener_is_disconnected_is_delivered_after
     with_listener(either_redis, namespace, body, reads=reads)
 
 
-def test_job_events_wake_the_waiters_of_that_job(r, either_redis, namespace):
+def test_job_events_reach_the_watchers_of_that_job_in_order(r, either_redis, namespace):
     async def body(listener: ReplyListener) -> None:
-        changed = listener.expect_job("job-1")
-        other = listener.expect_job("job-2")
-        r.xadd(f"{namespace}:jobevents", {b"job": b"job-1"})
-        await asyncio.wait_for(changed, 5)
-        assert not other.done()
-        listener.forget_job("job-2", other)
+        events = listener.events
+        changed = events.subscribe(b"job", "job-1")
+        other = events.subscribe(b"job", "job-2")
+        first = r.xadd(f"{namespace}:jobevents", {b"job": b"job-1", b"status": b"running"})
+        second = r.xadd(f"{namespace}:jobevents", {b"job": b"job-1", b"status": b"succeeded"})
+        assert await changed.next(5) == (first.decode(), {b"job": b"job-1", b"status": b"running"})
+        assert (await changed.next(5) or ("",))[0] == second.decode()
+        assert events.position == second.decode()
+        assert await other.next(0.01) is None
+        events.unsubscribe(other)
+        events.unsubscribe(changed)
+        assert events.watching == 0
 
     with_listener(either_redis, namespace, body)
 
