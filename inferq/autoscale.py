@@ -16,6 +16,11 @@ changes, and why:
   those readings asked for (``idle`` when that is none at all). This is the HPA's
   stabilisation window: a burst that comes back within the window finds its workers still
   there, and a backlog that hovers around a target does not start and stop workers in turn.
+- **One start at a time** (``max_starting``): a worker's start is a burst of CPU (Python, the
+  imports, the model load), and on a small host several at once slow down the first, which the
+  first request after idleness is waiting for. While ``wanted - live`` workers are still
+  starting (``live``: workers with a current heartbeat that serve the models), no more are
+  added; the next follows as soon as one is up.
 - Never below MIN, never above MAX. No reading (Redis did not answer) changes nothing and
   restarts the window: the policy scales down only on evidence of idleness.
 
@@ -79,6 +84,8 @@ class ScalingTargets:
     """How long the readings must ask for fewer workers before any is stopped."""
     scale_up_cooldown_s: float = 5.0
     """Least time between two scale-ups for ``oldest wait`` (a worker's start-up time)."""
+    max_starting: int = 1
+    """Workers that may be starting (wanted, not live yet) at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +94,8 @@ class Reading:
 
     backlog: int
     oldest_wait_s: float | None = None
+    live: int | None = None
+    """Workers serving the models now (heartbeat current); None when not known."""
 
 
 class Reason(StrEnum):
@@ -140,12 +149,17 @@ class ScalingPolicy:
         t, b = self.targets, self.bounds
         need = min(b.max, self.asks_for(reading))
         waited = reading.oldest_wait_s is not None and reading.oldest_wait_s > t.oldest_wait_s
+        room = self._room(reading)
         if need > self.wanted:
+            self._low_since = None
+            if room <= 0:
+                return None
             reason = Reason.COLD_START if self.wanted == 0 else Reason.BACKLOG
-            return self._set(max(need, b.min), reason, reading, now)
+            return self._set(min(max(need, b.min), self.wanted + room), reason, reading, now)
         if waited:
             self._low_since = None
-            if self.wanted < b.max and now - self._last_up >= t.scale_up_cooldown_s:
+            cooled = now - self._last_up >= t.scale_up_cooldown_s
+            if self.wanted < b.max and cooled and room > 0:
                 return self._set(self.wanted + 1, Reason.OLDEST_WAIT, reading, now)
             return None
         if need >= self.wanted or self.wanted <= b.min:
@@ -160,6 +174,13 @@ class ScalingPolicy:
         target = max(b.min, self._low_peak)
         reason = Reason.IDLE if self._low_peak == 0 else Reason.BELOW_TARGET
         return self._set(target, reason, reading, now)
+
+    def _room(self, reading: Reading) -> int:
+        """Workers that may be added now: ``max_starting`` less those still starting (no
+        limit when the reading does not say how many are live)."""
+        if reading.live is None:
+            return self.bounds.max
+        return self.targets.max_starting - max(0, self.wanted - reading.live)
 
     def _set(self, wanted: int, reason: Reason, reading: Reading, now: float) -> Scaling:
         change = Scaling(self.wanted, wanted, reason, reading)

@@ -51,8 +51,10 @@ class Sample:
 
 
 def reading_of(totals: Totals) -> Reading:
+    """The policy's reading of every lane summed: the live consumers of the busiest lane are
+    the workers serving (all of up's workers serve the same models)."""
     age = totals.oldest_pending_ms
-    return Reading(totals.backlog, None if age is None else age / 1000)
+    return Reading(totals.backlog, None if age is None else age / 1000, totals.consumers)
 
 
 class BacklogProbe:

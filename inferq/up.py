@@ -110,6 +110,14 @@ class UpSettings:
         help="with --workers MIN:MAX: least time between two workers added for the oldest "
         "wait (about a worker's start-up time)",
     )
+    scale_max_starting: int = option(
+        _TARGETS.max_starting,
+        flag="--scale-max-starting",
+        env="INFERQ_SCALE_MAX_STARTING",
+        parse=positive_int,
+        help="with --workers MIN:MAX: workers that may be starting at once (each start is a "
+        "burst of CPU; on a small host several at once slow the first)",
+    )
     scale_interval_s: float = option(
         0.5,
         flag="--scale-interval-s",
@@ -132,6 +140,7 @@ class UpSettings:
             oldest_wait_s=self.scale_oldest_wait_s,
             scale_down_after_s=self.scale_down_after_s,
             scale_up_cooldown_s=self.scale_up_cooldown_s,
+            max_starting=self.scale_max_starting,
         )
 
 

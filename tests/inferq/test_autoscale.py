@@ -4,6 +4,8 @@ MIN and MAX, and no flapping. A fake clock: the tests pass the time."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from inferq.autoscale import (
@@ -65,6 +67,24 @@ def test_a_stack_starts_with_min_workers_but_at_least_one():
 
 
 def test_the_backlog_asks_for_one_worker_per_target_and_gets_them_in_one_step():
+    p = policy(1, 8, replace(TARGETS, max_starting=8))
+    change = p.observe(Reading(45, live=1), 1.0)
+    assert change is not None and (change.before, change.wanted) == (1, 5)
+    assert change.reason is Reason.BACKLOG and change.up
+    assert p.observe(Reading(45, live=1), 2.0) is None  # the same backlog asks for nothing more
+
+
+def test_workers_start_one_at_a_time_the_next_once_the_last_is_live():
+    p = policy(0, 4)
+    assert idle(p, 1.0, 31.0) == [Reason.IDLE]
+    wanted = []
+    for t, live in [(40.0, 0), (40.5, 0), (41.0, 0), (42.0, 1), (42.5, 1), (43.0, 2), (44.0, 3)]:
+        change = p.observe(Reading(100, live=live), t)
+        wanted.append(change.wanted if change else None)
+    assert wanted == [1, None, None, 2, None, 3, 4]
+
+
+def test_a_reading_that_does_not_say_who_is_live_sets_no_limit():
     p = policy(1, 8)
     change = p.observe(Reading(45), 1.0)
     assert change is not None and (change.before, change.wanted) == (1, 5)

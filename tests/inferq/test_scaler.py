@@ -109,6 +109,6 @@ def test_the_probe_reads_the_backlog_of_redis_and_its_reading_goes_stale(redis_u
     finally:
         probe.stop()
     sample = probe.latest()
-    assert sample is not None and sample.reading == Reading(0) and sample.at == 100.0
+    assert sample is not None and sample.reading == Reading(0, live=0) and sample.at == 100.0
     now[0] += 0.05 * 3 + 0.01  # three intervals without a reading (Redis gone, say)
     assert probe.latest() is None
