@@ -137,6 +137,8 @@ def test_scaling_in_under_load_drains_what_the_stopped_worker_holds(up, tmp_path
     try:
         answers.update(burst(u.url, range(0, 80)))
         u.wait_for(lambda: scaled(u, "up", workers_wanted=2), "scaled up")
+        u.wait_for(lambda: u.events("child started", child="worker 1"), "worker 1 started")
+        second = u.pid("worker 1")
         # The trickle goes on while the second worker is scaled in: it drains under load.
         u.wait_for(lambda: stopped(u, "worker 1") == 1, "worker 1 scaled in", timeout_s=90)
         sent_before = len(answers)
@@ -150,4 +152,5 @@ def test_scaling_in_under_load_drains_what_the_stopped_worker_holds(up, tmp_path
     assert bad == {}
     runs = read_executions(tmp_path / "runs")
     assert runs == dict.fromkeys(answers, 1)
+    assert (tmp_path / "runs" / f"{second}.rows").read_text()  # the scaled-in worker had work
     assert u.stop() == 0
