@@ -227,7 +227,7 @@ def _restart_summary(restarts: dict[str, int]) -> str:
     return f"{total} restart(s) ({each})"
 
 
-class Scaling:
+class WorkerScaler:
     """The autoscaler of one ``inferq up --workers MIN:MAX`` and what it owns: the backlog
     probe's thread and, with ``--scale-metrics-port``, the metrics server."""
 
@@ -274,7 +274,7 @@ def run_up(args: argparse.Namespace) -> int:
     server: RedisServer | None = None
     listeners: list[socket.socket] = []
     supervisor: Supervisor | None = None
-    scaling: Scaling | None = None
+    scaling: WorkerScaler | None = None
     with signals.installed():
         try:
             try:
@@ -298,8 +298,16 @@ def run_up(args: argparse.Namespace) -> int:
             )
             supervisor.start({"worker": bounds.initial})
             if not bounds.fixed:
-                scaling = Scaling(up, args, redis_url)
-                scaling.start(supervisor)
+                scaling = WorkerScaler(up, args, redis_url)
+                try:
+                    scaling.start(supervisor)
+                except OSError as e:
+                    print(
+                        f"inferq up: cannot serve --scale-metrics-port {up.scale_metrics_port}: "
+                        f"{e.strerror or e}",
+                        file=sys.stderr,
+                    )
+                    return EXIT_FAILED
             host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
             url = f"http://{host}:{args.port}"
             if not _wait_ready(url, supervisor, signals.stop):
