@@ -110,11 +110,12 @@ class FleetSettings:
 
 
 def gateway_specs(
-    args: argparse.Namespace, redis_url: str, listeners: list[socket.socket]
+    args: argparse.Namespace, redis_url: str, listeners: list[socket.socket], **override: Any
 ) -> list[ChildSpec]:
     """One supervised slot per listening socket. Secrets (the admin token) travel in the
-    environment: the process list shows every user of the host the command line."""
-    argv, env = forward_argv(args, [GatewaySettings], redis=redis_url)
+    environment: the process list shows every user of the host the command line.
+    ``override``: gateway settings by field name (``workers_on_demand=True``)."""
+    argv, env = forward_argv(args, [GatewaySettings], redis=redis_url, **override)
     return [
         ChildSpec(
             name=f"gateway {i}",

@@ -7,6 +7,12 @@ with ``EXIT_USAGE`` (2: a bad flag, a broken model repository, a port in use) wo
 way again, so the supervisor gives up on it and says why. Only ``stop`` ends the children, role
 by role, in the order given (workers drain first, then gateways).
 
+The slots of a role can also be scaled (``scale``: what ``inferq up --workers MIN:MAX`` does):
+a slot no longer wanted gets SIGTERM, drains in its own time while everything else carries on
+(SIGKILL after its stop timeout), and is not restarted when it exits; a slot wanted again
+starts at once, or as soon as its draining process has exited (a slot keeps one consumer name,
+which two processes must never share).
+
 The policy (``Backoff``) is pure and takes the time as an argument; the ``Supervisor`` gets its
 clock and its process launcher injected. Both are tested without processes or sleeps.
 """
@@ -114,6 +120,20 @@ class Started:
     pid: int
     restarts: int
     """Restarts of this slot so far (0: its first process)."""
+    scaled: bool = False
+    """Started because the slot became wanted (``Supervisor.scale``), not as a restart."""
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A slot no longer wanted: its process was asked to stop, and exited (or was killed)."""
+
+    name: str
+    pid: int
+    code: int
+    ran_s: float
+    killed: bool
+    """It outlived its stop timeout and was sent SIGKILL."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +155,7 @@ class GaveUp:
     reason: str
 
 
-Event = Started | Exited | GaveUp
+Event = Started | Exited | GaveUp | Stopped
 
 
 class EventLog:
@@ -147,8 +167,18 @@ class EventLog:
         self.restarts = 0
 
     def __call__(self, event: Event) -> None:
-        if isinstance(event, Started):
-            if event.restarts:
+        if isinstance(event, Stopped):
+            log = self._log.warning if event.killed else self._log.info
+            log(
+                "child stopped",
+                child=event.name,
+                pid=event.pid,
+                exit=describe_exit(event.code),
+                ran_s=round(event.ran_s, 3),
+                killed=event.killed,
+            )
+        elif isinstance(event, Started):
+            if event.restarts and not event.scaled:
                 self.restarts += 1
                 self._log.warning(
                     "child restarted",
@@ -158,7 +188,9 @@ class EventLog:
                     restarts_total=self.restarts,
                 )
             else:
-                self._log.info("child started", child=event.name, pid=event.pid)
+                self._log.info(
+                    "child started", child=event.name, pid=event.pid, scaled=event.scaled
+                )
         elif isinstance(event, GaveUp):
             self._log.error(
                 "child not restarted",
@@ -201,6 +233,10 @@ class _Slot:
     restarts: int = 0
     restart_at: float | None = None
     given_up: bool = False
+    wanted: bool = True
+    """Cleared by ``scale``: the slot's process is asked to stop and not replaced."""
+    stop_by: float | None = None
+    """While its process drains after SIGTERM (no longer wanted): when it is killed."""
 
 
 Spawn = Callable[[ChildSpec], Process]
@@ -227,9 +263,47 @@ class Supervisor:
         self.failure: str | None = None
         """Set when a child exited in a way no restart can fix; the caller should stop."""
 
-    def start(self) -> None:
+    def start(self, counts: Mapping[str, int] | None = None) -> None:
+        """Start every slot, or, for a role in ``counts``, only that many of its first slots
+        (the others wait for ``scale``)."""
+        counts = counts or {}
+        for role in counts:
+            for i, slot in enumerate(self._role(role)):
+                slot.wanted = i < counts[role]
         for slot in self._slots:
-            self._launch(slot)
+            if slot.wanted:
+                self._launch(slot)
+
+    def scale(self, role: str, count: int, *, stop_timeout_s: float) -> None:
+        """Want the first ``count`` slots of ``role`` running, and no more: start the missing
+        ones, SIGTERM the extra ones (the last slots first), which may take up to
+        ``stop_timeout_s`` to drain before they are killed."""
+        if self._stopping:
+            return
+        now = self._clock()
+        for i, slot in enumerate(self._role(role)):
+            wanted = i < count
+            if wanted == slot.wanted:
+                continue
+            slot.wanted = wanted
+            if wanted:
+                if slot.process is None and self.failure is None:
+                    slot.restart_at = None
+                    self._launch(slot, scaled=True)
+                continue  # a process still draining is replaced when it exits (``tick``)
+            slot.restart_at = None
+            if slot.process is not None and slot.stop_by is None:
+                slot.process.send_signal(signal.SIGTERM)
+                slot.stop_by = now + stop_timeout_s
+
+    def running(self, role: str) -> int:
+        """Processes of ``role`` that run and are wanted (draining ones not counted)."""
+        return sum(
+            1 for s in self._role(role) if s.process is not None and s.wanted and s.stop_by is None
+        )
+
+    def _role(self, role: str) -> list[_Slot]:
+        return [s for s in self._slots if s.spec.role == role]
 
     def tick(self) -> None:
         """Reap children that exited, and start the replacements that are due."""
@@ -239,8 +313,13 @@ class Supervisor:
         for slot in self._slots:
             if slot.process is not None:
                 code = slot.process.poll()
-                if code is not None:
+                if code is not None and slot.stop_by is not None:
+                    self._stopped(slot, code, now, killed=False)
+                elif code is not None:
                     self._exited(slot, code, now)
+                elif slot.stop_by is not None and now >= slot.stop_by:
+                    slot.process.kill()
+                    self._stopped(slot, slot.process.wait(), now, killed=True)
             if slot.restart_at is not None and now >= slot.restart_at and self.failure is None:
                 slot.restart_at = None
                 slot.restarts += 1
@@ -267,10 +346,18 @@ class Supervisor:
         slot.restart_at = now + decision.delay_s
         self._on_event(Exited(slot.spec.name, pid, code, ran_s, decision, slot.restarts))
 
-    def _launch(self, slot: _Slot) -> None:
+    def _stopped(self, slot: _Slot, code: int, now: float, *, killed: bool) -> None:
+        assert slot.process is not None
+        pid, ran_s = slot.process.pid, now - slot.started_at
+        slot.process, slot.stop_by = None, None
+        self._on_event(Stopped(slot.spec.name, pid, code, ran_s, killed))
+        if slot.wanted and self.failure is None:
+            self._launch(slot, scaled=True)
+
+    def _launch(self, slot: _Slot, *, scaled: bool = False) -> None:
         slot.process = self._spawn(slot.spec)
         slot.started_at = self._clock()
-        self._on_event(Started(slot.spec.name, slot.process.pid, slot.restarts))
+        self._on_event(Started(slot.spec.name, slot.process.pid, slot.restarts, scaled))
 
     @property
     def restarts(self) -> dict[str, int]:
@@ -296,8 +383,10 @@ class Supervisor:
         self._stopping = True
         for slot in self._slots:
             slot.restart_at = None
+        # A process draining after ``scale`` has had its SIGTERM: a second one would force it.
+        draining = [s.process for s in self._slots if s.process is not None and s.stop_by]
         for role, timeout_s in order:
-            terminate(self.processes(role), timeout_s, force=force)
+            terminate(self.processes(role), timeout_s, force=force, signalled=draining)
         terminate(self.processes(), 0)  # any role not named
 
     def kill_all(self) -> None:
@@ -309,11 +398,17 @@ class Supervisor:
 
 
 def terminate(
-    processes: list[Process], timeout_s: float, *, force: threading.Event | None = None
+    processes: list[Process],
+    timeout_s: float,
+    *,
+    force: threading.Event | None = None,
+    signalled: Iterable[Process] = (),
 ) -> None:
-    """SIGTERM, then wait up to ``timeout_s`` for all of them together; SIGKILL what is left."""
+    """SIGTERM (but not to those already ``signalled``), then wait up to ``timeout_s`` for all
+    of them together; SIGKILL what is left."""
+    skip = {id(p) for p in signalled}
     for p in processes:
-        if p.poll() is None:
+        if p.poll() is None and id(p) not in skip:
             p.send_signal(signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     for p in processes:
@@ -329,10 +424,18 @@ def terminate(
             p.wait()
 
 
-def supervise(supervisor: Supervisor, stop: threading.Event, poll_s: float = 0.05) -> None:
-    """Tick until ``stop`` is set or a child failed in a way no restart fixes."""
+def supervise(
+    supervisor: Supervisor,
+    stop: threading.Event,
+    poll_s: float = 0.05,
+    on_tick: Callable[[], None] | None = None,
+) -> None:
+    """Tick until ``stop`` is set or a child failed in a way no restart fixes; ``on_tick``
+    (the autoscaler's) runs after each tick, on this thread."""
     while not stop.is_set() and supervisor.failure is None:
         supervisor.tick()
+        if on_tick is not None:
+            on_tick()
         stop.wait(supervisor.next_tick_s(poll_s))
 
 

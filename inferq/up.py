@@ -9,6 +9,14 @@ Ctrl-C kills what is still running.
 
 Worker ``i`` keeps one consumer name across restarts, so its replacement finds the entries it
 held in its own pending list and runs them at once (no wait for ``--claim-idle-ms``).
+
+``--workers MIN:MAX`` scales the workers on the backlog (``inferq.scaler``, policy in
+``inferq.autoscale``): MAX slots exist, the first ones run. A worker scaled in gets SIGTERM and
+drains as it does at shutdown (finishes what it holds, up to ``--drain-timeout-s``; what it
+still held then stays in its pending list, claimed by the others after ``--claim-idle-ms``, or
+run at once by the next process of the same slot). With MIN = 0 the gateways are started with
+``--workers-on-demand``: a request that arrives while no worker runs is queued and waits for the
+cold start its backlog causes, within its deadline.
 """
 
 from __future__ import annotations
@@ -29,18 +37,29 @@ from typing import Any
 
 import structlog
 
+from consumer.metrics import MetricsServer
 from consumer.settings import WorkerSettings
+from inferq.autoscale import (
+    ScalingPolicy,
+    ScalingTargets,
+    WorkerRange,
+    parse_worker_range,
+)
 from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
 from inferq.gateways import ListenError, bind_listeners, gateway_specs
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
+from inferq.scaler import Autoscaler, BacklogProbe, UpMetrics
 from inferq.supervisor import ChildSpec, EventLog, Supervisor, spawn_inferq, supervise
-from protocol.argtypes import positive_int
+from protocol.argtypes import non_negative_float, port_or_off, positive_float, positive_int
 from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
-from protocol.options import forward_argv, option
-from runtime.connections import redact
+from protocol.keys import Keys
+from protocol.options import forward_argv, from_args, option
+from runtime.connections import RedisSettings, redact
 from runtime.logging import configure
 
 READY_TIMEOUT_S = 60.0
+
+_TARGETS = ScalingTargets()
 
 log = structlog.get_logger("inferq.up")
 
@@ -50,13 +69,79 @@ class UpSettings:
     """The options of ``inferq up`` itself (it also takes every gateway and worker option, and
     ``--gateways``)."""
 
-    workers: int = option(
-        1,
+    workers: WorkerRange = option(
+        WorkerRange(1, 1),
         flag="--workers",
         env="INFERQ_WORKERS",
-        parse=positive_int,
-        help="worker processes to start, each restarted if it exits",
+        parse=parse_worker_range,
+        metavar="N|MIN:MAX",
+        help="worker processes, each restarted if it exits: N always, or MIN:MAX scaled on "
+        "the backlog (0:4; MIN 0 stops every worker when idle, and a request then waits for "
+        "a cold start)",
     )
+    scale_backlog_per_worker: int = option(
+        _TARGETS.backlog_per_worker,
+        flag="--scale-backlog-per-worker",
+        env="INFERQ_SCALE_BACKLOG_PER_WORKER",
+        parse=positive_int,
+        help="with --workers MIN:MAX: one worker per this many entries queued or pending "
+        "(summed over the models)",
+    )
+    scale_oldest_wait_s: float = option(
+        _TARGETS.oldest_wait_s,
+        flag="--scale-oldest-wait-s",
+        env="INFERQ_SCALE_OLDEST_WAIT_S",
+        parse=positive_float,
+        help="with --workers MIN:MAX: a pending entry older than this adds a worker",
+    )
+    scale_down_after_s: float = option(
+        _TARGETS.scale_down_after_s,
+        flag="--scale-down-after-s",
+        env="INFERQ_SCALE_DOWN_AFTER_S",
+        parse=non_negative_float,
+        help="with --workers MIN:MAX: workers are stopped only after the backlog has asked "
+        "for fewer for this long",
+    )
+    scale_up_cooldown_s: float = option(
+        _TARGETS.scale_up_cooldown_s,
+        flag="--scale-up-cooldown-s",
+        env="INFERQ_SCALE_UP_COOLDOWN_S",
+        parse=non_negative_float,
+        help="with --workers MIN:MAX: least time between two workers added for the oldest "
+        "wait (about a worker's start-up time)",
+    )
+    scale_max_starting: int = option(
+        _TARGETS.max_starting,
+        flag="--scale-max-starting",
+        env="INFERQ_SCALE_MAX_STARTING",
+        parse=positive_int,
+        help="with --workers MIN:MAX: workers that may be starting at once (each start is a "
+        "burst of CPU; on a small host several at once slow the first)",
+    )
+    scale_interval_s: float = option(
+        0.5,
+        flag="--scale-interval-s",
+        env="INFERQ_SCALE_INTERVAL_S",
+        parse=positive_float,
+        help="with --workers MIN:MAX: how often the backlog is read",
+    )
+    scale_metrics_port: int = option(
+        0,
+        flag="--scale-metrics-port",
+        env="INFERQ_SCALE_METRICS_PORT",
+        parse=port_or_off,
+        help="port of up's own /metrics: workers wanted and running, scaling events (0: off)",
+    )
+
+    @property
+    def targets(self) -> ScalingTargets:
+        return ScalingTargets(
+            backlog_per_worker=self.scale_backlog_per_worker,
+            oldest_wait_s=self.scale_oldest_wait_s,
+            scale_down_after_s=self.scale_down_after_s,
+            scale_up_cooldown_s=self.scale_up_cooldown_s,
+            max_starting=self.scale_max_starting,
+        )
 
 
 def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> list[str]:
@@ -75,7 +160,7 @@ def _worker_specs(args: argparse.Namespace, redis_url: str) -> list[ChildSpec]:
             # slot, kept across restarts, so a replacement runs what its predecessor held.
             argv=(*_worker_argv(args, redis_url, i), "--worker-id", f"{prefix}-{i}"),
         )
-        for i in range(args.workers)
+        for i in range(args.workers.max)
     ]
 
 
@@ -142,12 +227,54 @@ def _restart_summary(restarts: dict[str, int]) -> str:
     return f"{total} restart(s) ({each})"
 
 
+class WorkerScaler:
+    """The autoscaler of one ``inferq up --workers MIN:MAX`` and what it owns: the backlog
+    probe's thread and, with ``--scale-metrics-port``, the metrics server."""
+
+    def __init__(self, up: UpSettings, args: argparse.Namespace, redis_url: str) -> None:
+        self.up = up
+        self.metrics = UpMetrics()
+        self.probe = BacklogProbe(
+            RedisSettings(url=redis_url), Keys(args.namespace), up.scale_interval_s
+        )
+        self._server = (
+            MetricsServer(
+                self.metrics.registry, up.scale_metrics_port, args.metrics_host or args.host
+            )
+            if up.scale_metrics_port
+            else None
+        )
+        self._stop_timeout_s = args.drain_timeout_s + 5
+        self.autoscaler: Autoscaler | None = None
+
+    def start(self, supervisor: Supervisor) -> None:
+        policy = ScalingPolicy(self.up.workers, self.up.targets, now=time.monotonic())
+        self.autoscaler = Autoscaler(
+            policy, supervisor, self.probe, self.metrics, stop_timeout_s=self._stop_timeout_s
+        )
+        self.probe.start()
+        if self._server is not None:
+            self._server.start()
+
+    def tick(self) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.tick()
+
+    def stop(self) -> None:
+        self.probe.stop()
+        if self._server is not None:
+            self._server.stop()
+
+
 def run_up(args: argparse.Namespace) -> int:
     configure(args.log_level)
+    up: UpSettings = from_args(UpSettings, args)
+    bounds = up.workers
     signals = StopSignals()
     server: RedisServer | None = None
     listeners: list[socket.socket] = []
     supervisor: Supervisor | None = None
+    scaling: WorkerScaler | None = None
     with signals.installed():
         try:
             try:
@@ -159,12 +286,28 @@ def run_up(args: argparse.Namespace) -> int:
             except ListenError as e:
                 print(f"inferq up: {e}", file=sys.stderr)
                 return EXIT_FAILED
+            # At MIN = 0 the gateways queue requests for models no worker serves yet.
+            on_demand = {"workers_on_demand": True} if bounds.min == 0 else {}
             supervisor = Supervisor(
-                [*_worker_specs(args, redis_url), *gateway_specs(args, redis_url, listeners)],
+                [
+                    *_worker_specs(args, redis_url),
+                    *gateway_specs(args, redis_url, listeners, **on_demand),
+                ],
                 spawn=spawn_inferq,
                 on_event=EventLog(log),
             )
-            supervisor.start()
+            supervisor.start({"worker": bounds.initial})
+            if not bounds.fixed:
+                scaling = WorkerScaler(up, args, redis_url)
+                try:
+                    scaling.start(supervisor)
+                except OSError as e:
+                    print(
+                        f"inferq up: cannot serve --scale-metrics-port {up.scale_metrics_port}: "
+                        f"{e.strerror or e}",
+                        file=sys.stderr,
+                    )
+                    return EXIT_FAILED
             host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
             url = f"http://{host}:{args.port}"
             if not _wait_ready(url, supervisor, signals.stop):
@@ -177,19 +320,22 @@ def run_up(args: argparse.Namespace) -> int:
                 )
                 return EXIT_FAILED
             grpc = f" and gRPC at {host}:{args.grpc_port}" if args.grpc_port else ""
+            workers = str(bounds) if bounds.fixed else f"{bounds} (scaled on the backlog)"
             print(
-                f"\ninferq is serving at {url}{grpc} with {args.workers} worker(s) and "
+                f"\ninferq is serving at {url}{grpc} with {workers} worker(s) and "
                 f"{args.gateways} gateway(s). Try:\n\n"
                 f"  {example_curl(url, args.model_repository)}\n\n"
                 "Ctrl-C stops everything; a process that exits is restarted.\n",
                 flush=True,
             )
-            supervise(supervisor, signals.stop)
+            supervise(supervisor, signals.stop, on_tick=scaling.tick if scaling else None)
             if supervisor.failure is not None:
                 print(f"inferq up: {supervisor.failure}; stopping", file=sys.stderr)
                 return EXIT_FAILED
             return EXIT_OK
         finally:
+            if scaling is not None:
+                scaling.stop()
             if supervisor is not None:
                 # Workers first, so they drain into gateways that still listen for replies.
                 supervisor.stop(

@@ -103,6 +103,7 @@ class Gateway:
             refresh_s=s.registry_refresh_s,
             eviction=self.eviction,
             backoff=self.loops.backoff("registry"),
+            workers_on_demand=s.workers_on_demand,
         )
         self.replies = ReplyListener(
             self.broker,

@@ -175,7 +175,11 @@ class ModelRegistry:
         refresh_s: float,
         eviction: EvictionCheck | None = None,
         backoff: Backoff | None = None,
+        workers_on_demand: bool = False,
     ) -> None:
+        self.workers_on_demand = workers_on_demand
+        """``--workers-on-demand``: a scaler starts workers on the backlog (see
+        ``on_demand``)."""
         self._redis = redis
         self._eviction = eviction
         self._backoff = backoff or Backoff("registry", log)
@@ -231,10 +235,17 @@ class ModelRegistry:
         left with no version) does not count: nothing can be routed to it."""
         return max((e.workers for e in self.models.values() if e.ready), default=0)
 
+    def on_demand(self, entry: ModelEntry) -> bool:
+        """Whether a request for a model that no live worker serves is queued anyway, to wait
+        within its deadline for a worker that a scaler starts on the backlog
+        (``--workers-on-demand``): the hook by which the gateway treats such a model as
+        servable. Not for a model an administrator unloaded."""
+        return self.workers_on_demand and not entry.unloaded and bool(entry.metadata.versions)
+
     def not_serving(self) -> str | None:
         """Why no request can be served (readiness' reason), or None when some model is
-        ready."""
-        if any(e.ready for e in self.models.values()):
+        ready, or servable on demand (``on_demand``)."""
+        if any(e.ready or self.on_demand(e) for e in self.models.values()):
             return None
         unloaded = sorted(name for name, e in self.models.items() if e.unloaded and e.workers)
         if unloaded:

@@ -14,7 +14,7 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from protocol.argtypes import non_negative_float, port_or_off, positive_float, positive_int
+from protocol.argtypes import boolean, non_negative_float, port_or_off, positive_float, positive_int
 from protocol.options import option
 from runtime.settings import DEFAULT_HOST, ConnectionSettings
 
@@ -74,6 +74,16 @@ class GatewaySettings(ConnectionSettings):
     )
     gateway_id: str = field(default_factory=default_gateway_id)
     """Names this process's reply stream; unique per process."""
+    workers_on_demand: bool = option(
+        False,
+        flag="--workers-on-demand",
+        env="INFERQ_WORKERS_ON_DEMAND",
+        kind="switch",
+        parse=boolean,
+        help="a known model that no live worker serves is still taken: its requests wait (up "
+        "to their deadline, then 504) for a worker that a scaler starts on the backlog "
+        "(`inferq up --workers 0:N` sets it; KEDA at minReplicaCount 0), instead of 503 at once",
+    )
     max_body_bytes: int = option(
         64 * 1024 * 1024,
         flag="--max-body-bytes",

@@ -38,3 +38,17 @@ def port_or_off(raw: str) -> int:
     if not 0 <= value <= 65535:
         raise ValueError(raw)
     return value
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off", ""})
+
+
+def boolean(raw: str) -> bool:
+    """A switch's variable: 1/true/yes/on or 0/false/no/off (any case; empty is off)."""
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ValueError(raw)

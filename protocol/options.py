@@ -180,7 +180,7 @@ def add_flags(
                 "help": f"{opt.help}{_shown(default, opt)}{env}",
             }
             if opt.kind == "switch":
-                kwargs["action"] = "store_true"
+                kwargs.update(action="store_true", default=value)
             elif opt.kind == "toggle":
                 kwargs.update(action=argparse.BooleanOptionalAction, default=value)
             else:
@@ -234,6 +234,10 @@ def forward_argv(
             if value is None and opt.follows:
                 value = getattr(args, opt.follows, None)
             if value is None or value == "" or value == ():
+                continue
+            if opt.kind == "switch":
+                if value:  # the flag alone; nothing for off, the default
+                    argv.append(opt.flag)
                 continue
             if opt.secret:
                 env[opt.env] = opt.render(value)

@@ -31,6 +31,7 @@ GUIDES_OF_OTHERS = {
     "client.md",
     "console.md",
     "serverless.md",
+    "on-demand.md",
     "model-control.md",
 }
 

@@ -17,6 +17,7 @@ from inferq.supervisor import (
     GaveUp,
     RestartPolicy,
     Started,
+    Stopped,
     Supervisor,
 )
 
@@ -63,7 +64,12 @@ class RecordingLogger:
 
 
 class Harness:
-    def __init__(self, *names: str, policy: RestartPolicy | None = None) -> None:
+    def __init__(
+        self,
+        *names: str,
+        policy: RestartPolicy | None = None,
+        start: dict[str, int] | None = None,
+    ) -> None:
         self.now = 0.0
         self.events: list[object] = []
         self.logger = RecordingLogger()
@@ -78,7 +84,7 @@ class Harness:
             policy=policy,
             on_event=self._event,
         )
-        self.sup.start()
+        self.sup.start(start)
 
     def _event(self, event: object) -> None:
         self.events.append(event)
@@ -212,3 +218,78 @@ def test_a_child_that_ignores_sigterm_is_killed_at_its_roles_timeout():
     h.current("gateway 0").ignores_sigterm = True
     h.sup.stop([("gateway", 0.05)])
     assert h.signals == [("gateway 0", signal.SIGTERM), ("gateway 0", signal.SIGKILL)]
+
+
+# -- scaling a role (inferq up --workers MIN:MAX) ---------------------------------------------
+
+
+def test_a_role_can_start_with_only_its_first_slots():
+    h = Harness("worker 0", "worker 1", "worker 2", "gateway 0", start={"worker": 1})
+    assert [p.spec.name for p in h.spawned] == ["worker 0", "gateway 0"]
+    assert h.sup.running("worker") == 1
+
+
+def test_scaling_up_starts_the_next_slots_as_scaled_not_as_restarts():
+    h = Harness("worker 0", "worker 1", "worker 2", start={"worker": 1})
+    h.sup.scale("worker", 3, stop_timeout_s=10)
+    assert [p.spec.name for p in h.spawned] == ["worker 0", "worker 1", "worker 2"]
+    assert h.sup.running("worker") == 3
+    assert h.events[-1] == Started("worker 2", h.current("worker 2").pid, 0, scaled=True)
+    assert h.sup.restarts == {"worker 0": 0, "worker 1": 0, "worker 2": 0}
+    assert h.log.restarts == 0
+
+
+def test_scaling_down_sigterms_the_last_slots_and_does_not_replace_them():
+    h = Harness("worker 0", "worker 1", "worker 2")
+    h.sup.scale("worker", 1, stop_timeout_s=10)
+    assert h.signals == [("worker 1", signal.SIGTERM), ("worker 2", signal.SIGTERM)]
+    h.now += 1
+    h.sup.tick()
+    stopped = [e for e in h.events if isinstance(e, Stopped)]
+    assert [(e.name, e.killed) for e in stopped] == [("worker 1", False), ("worker 2", False)]
+    assert len(h.spawned) == 3 and h.sup.running("worker") == 1
+    assert h.exits() == [] and h.sup.restarts["worker 1"] == 0
+
+
+def test_a_draining_worker_is_not_counted_running_and_is_killed_after_its_timeout():
+    h = Harness("worker 0", "worker 1")
+    h.current("worker 1").ignores_sigterm = True
+    h.sup.scale("worker", 1, stop_timeout_s=10)
+    assert h.sup.running("worker") == 1
+    h.now = 9.0
+    h.sup.tick()
+    assert h.current("worker 1").code is None  # still draining
+    h.now = 10.0
+    h.sup.tick()
+    assert ("worker 1", signal.SIGKILL) in h.signals
+    assert [e.killed for e in h.events if isinstance(e, Stopped)] == [True]
+
+
+def test_a_slot_wanted_again_while_it_drains_starts_only_once_its_process_has_exited():
+    h = Harness("worker 0", "worker 1")
+    draining = h.current("worker 1")
+    draining.ignores_sigterm = True
+    h.sup.scale("worker", 1, stop_timeout_s=10)
+    h.sup.scale("worker", 2, stop_timeout_s=10)
+    assert h.current("worker 1") is draining  # one consumer name, never two processes
+    draining.code = 0
+    h.now += 1
+    h.sup.tick()
+    assert h.current("worker 1") is not draining and h.current("worker 1").code is None
+    assert h.sup.running("worker") == 2
+
+
+def test_a_crash_of_a_wanted_slot_is_still_restarted_and_counted():
+    h = Harness("worker 0", "worker 1", start={"worker": 1})
+    h.sup.scale("worker", 2, stop_timeout_s=10)
+    h.crash("worker 1")
+    assert h.sup.restarts["worker 1"] == 1 and h.sup.running("worker") == 2
+
+
+def test_stop_does_not_send_a_second_sigterm_to_a_draining_worker():
+    h = Harness("worker 0", "worker 1")
+    h.current("worker 1").ignores_sigterm = True
+    h.sup.scale("worker", 1, stop_timeout_s=10)
+    h.sup.stop([("worker", 0.01)])  # (a second SIGTERM would end its drain at once)
+    assert h.signals.count(("worker 1", signal.SIGTERM)) == 1
+    assert h.signals.count(("worker 0", signal.SIGTERM)) == 1

@@ -574,9 +574,12 @@ def test_keda_scales_workers_on_lag_and_pending_of_every_lane_of_each_model(yaml
     objects = k8s_objects(yaml)
     scaled = objects[("ScaledObject", "inferq-worker")]["spec"]
     assert ("Deployment", scaled["scaleTargetRef"]["name"]) in objects
-    assert scaled["minReplicaCount"] >= 1  # gateways are ready only with a live worker
+    # Scale to zero: the gateways queue what arrives meanwhile, which activates the workers.
+    assert scaled["minReplicaCount"] == 0
     worker = container(objects[("Deployment", scaled["scaleTargetRef"]["name"])])
     env = container_env(objects, worker)
+    gateway = container_env(objects, container(objects[("Deployment", "inferq-gateway")]))
+    assert gateway["INFERQ_WORKERS_ON_DEMAND"] == "1"
     keys = Keys(env["INFERQ_NAMESPACE"])
     triggers = scaled["triggers"]
     assert {t["type"] for t in triggers} == {"redis-streams"}
@@ -622,7 +625,8 @@ def test_keda_on_a_redis_cluster_scales_on_every_partition_and_lane_of_each_mode
     files = cluster_objects(yaml)
     config = files["config-cluster.yaml"]["data"]
     scaled = files["keda-cluster-streams.yaml"]["spec"]
-    assert scaled["scaleTargetRef"]["name"] == "inferq-worker" and scaled["minReplicaCount"] >= 1
+    assert scaled["scaleTargetRef"]["name"] == "inferq-worker" and scaled["minReplicaCount"] == 0
+    assert config["INFERQ_WORKERS_ON_DEMAND"] == "1"
     keys = Keys(config["INFERQ_NAMESPACE"])
     by_stream: dict[str, set[str]] = {}
     models: set[str] = set()
@@ -659,6 +663,7 @@ def test_keda_on_inferqs_own_backlog_sums_partitions_lanes_and_models(yaml):
     # Each gateway exports the same figure: max by model first, then the sum over models.
     assert query.startswith("sum(max by (model) (")
     assert int(trigger["metadata"]["threshold"]) >= 2 * 64
+    assert scaled["minReplicaCount"] == 0 and trigger["metadata"]["activationThreshold"] == "0"
 
 
 def test_the_cluster_config_sets_only_real_variables(yaml):

@@ -184,3 +184,24 @@ def test_a_checked_variable_is_checked_and_a_flag_is_not():
     assert tool([], {"T_TARGET": "local:1"}).target == "local:1"
     with pytest.raises(ValueError, match="only local targets"):
         tool([], {"T_TARGET": "far"})
+
+
+def test_a_switchs_variable_turns_it_on_and_up_forwards_it_as_the_bare_flag():
+    on = parser_for(GatewaySettings, environ={"INFERQ_WORKERS_ON_DEMAND": "1"}).parse_args([])
+    assert from_args(GatewaySettings, on).workers_on_demand is True
+    off = parser_for(GatewaySettings, environ={"INFERQ_WORKERS_ON_DEMAND": "off"}).parse_args([])
+    assert from_args(GatewaySettings, off).workers_on_demand is False
+    assert (
+        from_args(GatewaySettings, parser_for(GatewaySettings).parse_args([])).workers_on_demand
+        is False
+    )
+
+    def child(argv: list[str]) -> GatewaySettings:
+        return from_args(GatewaySettings, parser_for(GatewaySettings).parse_args(argv))
+
+    argv, _ = forward_argv(on, [GatewaySettings])
+    assert "--workers-on-demand" in argv and child(argv).workers_on_demand
+    argv, _ = forward_argv(off, [GatewaySettings])
+    assert "--workers-on-demand" not in argv and not child(argv).workers_on_demand
+    argv, _ = forward_argv(off, [GatewaySettings], workers_on_demand=True)  # up at --workers 0:N
+    assert child(argv).workers_on_demand
