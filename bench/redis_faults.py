@@ -310,6 +310,7 @@ def scenario(kind: str, times: int) -> dict[str, Any]:
             stdout=subprocess.DEVNULL,
             stderr=(root / "up.log").open("wb"),
             start_new_session=True,
+            cwd=root,  # not this checkout: `-m` puts the cwd first on the children's path
         )  # fmt: skip
         r = redis.Redis.from_url(server.url)
         try:
