@@ -320,6 +320,7 @@ class InferenceService:
                     self.metrics.observe_rejected(name, "redis_unavailable")
                     raise redis_unavailable(e) from e
                 lost_reply = e
+                waiter.unconfirmed_in(stream, request.result_key)
                 log.warning(
                     "Redis did not confirm a request was queued; waiting for its answer",
                     request_id=request.id,
