@@ -265,7 +265,9 @@ def fault(server: RedisServer, kind: str) -> None:
         server.start()  # same port and folder: replays its AOF
 
 
-async def drive(url: str, server: RedisServer, kind: str, times: int) -> tuple[Tally, list, dict]:
+async def drive(
+    url: str, server: RedisServer, kind: str, times: int, job_lanes: int
+) -> tuple[Tally, list, dict]:
     """The load with ``times`` faults in it; then every job's end."""
     tally = Tally()
     stop = asyncio.Event()
@@ -274,7 +276,7 @@ async def drive(url: str, server: RedisServer, kind: str, times: int) -> tuple[T
     probe = iter(range(PROBE_BASE, 3 * JOB_BASE))
     lanes = [
         *(lane(url, sync_ids, tally, stop, job=False) for _ in range(SYNC_LANES)),
-        *(lane(url, job_ids, tally, stop, job=True) for _ in range(JOB_LANES)),
+        *(lane(url, job_ids, tally, stop, job=True) for _ in range(job_lanes)),
     ]
     load = asyncio.gather(*lanes)
     await asyncio.sleep(WARMUP_S)
@@ -288,7 +290,7 @@ async def drive(url: str, server: RedisServer, kind: str, times: int) -> tuple[T
     return tally, recoveries, await settle_jobs(url, tally)
 
 
-def scenario(kind: str, times: int) -> dict[str, Any]:
+def scenario(kind: str, times: int, job_lanes: int = JOB_LANES) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="redis-faults-") as tmp:
         root = Path(tmp)
         (root / "redis").mkdir()
@@ -316,7 +318,7 @@ def scenario(kind: str, times: int) -> dict[str, Any]:
         try:
             wait_ready(url)
             before = connections(r)
-            tally, recoveries, jobs = asyncio.run(drive(url, server, kind, times))
+            tally, recoveries, jobs = asyncio.run(drive(url, server, kind, times, job_lanes))
             runs = executions(root / "runs")
             after = connections(r)
             pool = pool_gauge(url)
@@ -338,6 +340,8 @@ def scenario(kind: str, times: int) -> dict[str, Any]:
     return {
         "fault": kind,
         "times": times,
+        "sync_lanes": SYNC_LANES,
+        "job_lanes": job_lanes,
         "stall_s": STALL_S if kind == "stall" else None,
         "sent": len(measured),
         "sync_sent": len(sync),
@@ -384,13 +388,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fault", choices=("stall", "restart"), action="append")
     parser.add_argument("--times", type=int, default=None, help="3 stalls, 2 restarts")
+    parser.add_argument(
+        "--job-lanes", type=int, default=JOB_LANES, help="concurrent job submitters"
+    )
     parser.add_argument("--label", default="run", help="names the result file")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "summaries")
     args = parser.parse_args()
     results = []
     for kind in args.fault or ["stall", "restart"]:
         times = args.times or (3 if kind == "stall" else 2)
-        result = scenario(kind, times)
+        result = scenario(kind, times, args.job_lanes)
         print(json.dumps(result), flush=True)
         results.append(result)
     args.out.mkdir(parents=True, exist_ok=True)
