@@ -356,6 +356,8 @@ def scenario(kind: str, times: int, job_lanes: int = JOB_LANES) -> dict[str, Any
         "jobs_202": len(tally.jobs),
         "jobs_final": jobs,
         "executed_twice": sum(1 for i, n in runs.items() if n > 1 and i < PROBE_BASE),
+        "ran_after_503": sum(1 for i in measured if tally.status[i] == 503 and runs[i] > 0),
+        "ran_after_504": sum(1 for i in measured if tally.status[i] == 504 and runs[i] > 0),
         "retried_503": tally.retried,
         "recovery_s": recoveries,
         "connections_before": before,
