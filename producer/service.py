@@ -43,6 +43,7 @@ from producer.replies import ReplyListener
 from producer.routing import VersionRouter
 from producer.settings import GatewaySettings
 from producer.v2_request import InferRequestBody
+from producer.waiters import Waiter
 from protocol import ProtocolError
 from protocol.cachekey import digest
 from protocol.cancellation import MARK_SCRIPT, mark_args
@@ -307,38 +308,13 @@ class InferenceService:
         answer is waited for all the same, and if none comes, the 504 says it may have run."""
         request = prepared.request
         name = request.model
-        lane = prepared.schedule.lane
         waiter = self.waiters.expect(request.id, name, request.deadline_ms)
+        lane = prepared.schedule.lane
         stream = self.keys.stream(name, lane, self.partition(name, prepared.partitions))
         timeout_ms = prepared.schedule.timeout_ms
         lost_reply: BaseException | None = None
         try:
-            try:
-                entry_id = await self.pipeline.execute("XADD", stream, "*", FIELD, request.encode())
-            except RETRYABLE as e:
-                if not outcome_unknown(e):
-                    self.metrics.observe_rejected(name, "redis_unavailable")
-                    raise redis_unavailable(e) from e
-                lost_reply = e
-                waiter.unconfirmed_in(stream, request.result_key)
-                log.warning(
-                    "Redis did not confirm a request was queued; waiting for its answer",
-                    request_id=request.id,
-                    model=name,
-                    error=describe(e),
-                )
-            else:
-                waiter.enqueued(stream, text(entry_id), request.result_key)
-                self.registry.note_queued(name)
-                log.debug(
-                    "request queued",
-                    component="gateway",
-                    request_id=request.id,
-                    model=name,
-                    version=request.version,
-                    lane=lane.value,
-                    traceparent=request.traceparent,
-                )
+            lost_reply = await self._enqueue(request, lane, stream, waiter)
             remaining = timeout_ms / 1000 - (time.monotonic() - started)
             return await waiter.wait(remaining, disconnected, self._abandon)
         except TimeoutError:
@@ -346,8 +322,8 @@ class InferenceService:
                 raise unconfirmed(lost_reply, "the request", timeout_ms) from None
             raise GatewayTimeout(
                 f"model '{name}' did not answer within the request's deadline of "
-                f"{prepared.schedule.timeout_ms} ms (queue backlog or too few workers); the "
-                "request will not run after its deadline"
+                f"{timeout_ms} ms (queue backlog or too few workers); the request will not "
+                "run after its deadline"
             ) from None
         except asyncio.CancelledError:
             self.abandon(request.id)  # e.g. a cancelled gRPC call
@@ -355,6 +331,40 @@ class InferenceService:
         finally:
             waiter.close()
             prepared.stage.end()
+
+    async def _enqueue(
+        self, request: InferRequest, lane: Lane, stream: str, waiter: Waiter
+    ) -> BaseException | None:
+        """XADD the request to ``stream`` and tell ``waiter`` where it is. A refusal, or a
+        command that never left, is the caller's 503 (it did not run). A reply lost after the
+        XADD was sent is returned: the request may be queued, so it is waited for all the same
+        (``Waiter.unconfirmed_in``)."""
+        try:
+            entry_id = await self.pipeline.execute("XADD", stream, "*", FIELD, request.encode())
+        except RETRYABLE as e:
+            if not outcome_unknown(e):
+                self.metrics.observe_rejected(request.model, "redis_unavailable")
+                raise redis_unavailable(e) from e
+            waiter.unconfirmed_in(stream, request.result_key)
+            log.warning(
+                "Redis did not confirm a request was queued; waiting for its answer",
+                request_id=request.id,
+                model=request.model,
+                error=describe(e),
+            )
+            return e
+        waiter.enqueued(stream, text(entry_id), request.result_key)
+        self.registry.note_queued(request.model)
+        log.debug(
+            "request queued",
+            component="gateway",
+            request_id=request.id,
+            model=request.model,
+            version=request.version,
+            lane=lane.value,
+            traceparent=request.traceparent,
+        )
+        return None
 
     def partition(self, model: str, partitions: int) -> int:
         """The partition a request goes to: each in turn (round-robin per gateway), so a model

@@ -178,8 +178,8 @@ class StandaloneBroker(Broker):
     def pool_counts(self) -> dict[str, int]:
         # redis-py 8.1.0 counts them in private sets only.
         pool = self.commands.connection_pool
-        in_use = len(pool._in_use_connections)  # type: ignore[attr-defined]
-        return {"in_use": in_use, "idle": len(pool._available_connections)}  # type: ignore[attr-defined]
+        in_use = len(pool._in_use_connections)
+        return {"in_use": in_use, "idle": len(pool._available_connections)}
 
     async def queue_wait(self, pipe: Pipeline, key: str, *, replicas: int, timeout_ms: int) -> None:
         pipe.execute_command("WAIT", replicas, timeout_ms)
@@ -226,8 +226,8 @@ class ClusterBroker(Broker):
     def pool_counts(self) -> dict[str, int]:
         # redis-py 8.1.0: each ClusterNode keeps its connections and the free ones privately.
         nodes = self._cluster.get_nodes()
-        made = sum(len(n._connections) for n in nodes)  # type: ignore[attr-defined]
-        idle = sum(len(n._free) for n in nodes)  # type: ignore[attr-defined]
+        made = sum(len(n._connections) for n in nodes)
+        idle = sum(len(n._free) for n in nodes)
         return {"in_use": made - idle, "idle": idle}
 
     async def queue_wait(self, pipe: Pipeline, key: str, *, replicas: int, timeout_ms: int) -> None:

@@ -98,8 +98,12 @@ class RuntimeGauges:
 
     def track_pool(self, counts: Callable[[], dict[str, int]]) -> None:
         """Read the pool's counts at scrape time (``runtime.broker.Broker.pool_counts``)."""
+
+        def reader(state: str) -> Callable[[], float]:
+            return lambda: float(counts()[state])
+
         for state in ("in_use", "idle"):
-            self.redis_pool.labels(state).set_function(lambda s=state: float(counts()[s]))
+            self.redis_pool.labels(state).set_function(reader(state))
 
     def set_policy(self, policy: str, evicting: bool) -> None:
         if self._policy is not None and self._policy != policy:
