@@ -51,6 +51,8 @@ from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
 from runtime.loops import LoopCrashed, Loops
 from runtime.readconn import BlockingReads
+from runtime.wedge import NAME as WEDGE_WATCH
+from runtime.wedge import WedgeWatch
 
 log = structlog.get_logger("inferq.worker")
 
@@ -387,7 +389,16 @@ class Worker:
         self.loops.spawn("heartbeat", self._advertiser.run())
         self.loops.spawn("control", self.control.run())
         self.loops.spawn("reclaimer", self.reclaimer.run())
+        assert self.broker is not None
+        self.wedge = WedgeWatch(
+            self.broker,
+            self.loops.backoff(WEDGE_WATCH),
+            self.loops.backoffs,
+            bound_s=self.settings.redis_wedge_s,
+        )
+        self.loops.spawn(WEDGE_WATCH, self.wedge.run())
         self.metrics.runtime.track_loops(self.loops.health)
+        self.metrics.runtime.track_pool(self.broker.pool_counts)
         self._serving = True
 
     async def stop(self) -> None:

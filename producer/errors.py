@@ -156,6 +156,26 @@ class GatewayTimeout(GatewayError):
     status = 504
 
 
+def unconfirmed(error: BaseException, what: str, deadline_ms: int) -> GatewayTimeout:
+    """The 504 for a request whose ``XADD`` got no reply (``runtime.faults.outcome_unknown``)
+    and whose answer did not come before its deadline: it may have been queued and may have
+    run, so it must never read as "not queued" (a client would run it twice)."""
+    return GatewayTimeout(
+        f"Redis did not confirm that {what} was queued ({describe(error)}) and no answer came "
+        f"within its deadline of {deadline_ms} ms: it may have run. It does not start after "
+        "its deadline; send it again only if running it twice is harmless"
+    )
+
+
+def job_unconfirmed(error: BaseException, job_id: str) -> GatewayTimeout:
+    """The 504 for a job submission whose reply Redis never sent (see ``unconfirmed``)."""
+    return GatewayTimeout(
+        f"Redis did not confirm that job {job_id} was queued ({describe(error)}): it may have "
+        f"been. GET /v2/jobs/{job_id} says whether it exists before you submit it again (an "
+        "Idempotency-Key makes a resubmission safe)"
+    )
+
+
 def redis_unavailable(error: BaseException, doing: str = "queue the request") -> ServiceUnavailable:
     """The 503 for a Redis error: what kind of trouble and what Redis said, never the command
     or its arguments (``runtime.faults.describe``), with a ``Retry-After``."""

@@ -9,7 +9,7 @@ not-ready, answers inference with 503, and recovers on its own.
 Every loop survives Redis errors with backoff and tells readiness while it fails (``ready``
 answers why). A loop that ends any other way is a bug: readiness fails for good and ``on_fatal``
 (set by the command line) stops the server, which then exits non-zero so that a supervisor
-restarts it.
+restarts it. So does a gateway wedged on its own Redis connections (``runtime.wedge``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,8 @@ from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE, describe
 from runtime.loops import Loops
 from runtime.stats import StatsRefresher
+from runtime.wedge import NAME as WEDGE_WATCH
+from runtime.wedge import WedgeWatch
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -171,7 +173,15 @@ class Gateway:
         self.loops.spawn("stats", self._stats.run())
         if self.deliverer is not None:
             self.loops.spawn("webhooks", self.deliverer.run())
+        self.wedge = WedgeWatch(
+            self.broker,
+            self.loops.backoff(WEDGE_WATCH),
+            self.loops.backoffs,
+            bound_s=s.redis_wedge_s,
+        )
+        self.loops.spawn(WEDGE_WATCH, self.wedge.run())
         self.metrics.runtime.track_loops(self.loops.health)
+        self.metrics.runtime.track_pool(self.broker.pool_counts)
 
     async def stop(self) -> None:
         await self.loops.cancel()

@@ -32,6 +32,7 @@ from producer.errors import (
     NotFound,
     ServiceUnavailable,
     UnprocessableContent,
+    job_unconfirmed,
     redis_unavailable,
 )
 from producer.events import WatchedState, Webhook
@@ -67,7 +68,7 @@ from protocol.messages import (
     InferResult,
     Kind,
 )
-from runtime.faults import RETRYABLE
+from runtime.faults import RETRYABLE, outcome_unknown
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -252,6 +253,8 @@ class JobService:
                     return existing
                 replacing = earlier  # its job is past retention: the key is free again
         except RETRYABLE as e:
+            if outcome_unknown(e):
+                raise job_unconfirmed(e, record.id) from e
             raise redis_unavailable(e, "queue the job") from e
         raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
 
@@ -276,7 +279,12 @@ class JobService:
         arriving between the two steps gets the job that the first step is about to queue.
 
         Under ``--job-durability replicated`` each step ends with ``WAIT 1`` on the node that
-        wrote it: the job is accepted only once a replica has all of it."""
+        wrote it: the job is accepted only once a replica has all of it.
+
+        A step whose reply was lost (``runtime.faults.outcome_unknown``) may have been carried
+        out. The one atomic step is then looked for: found, the job is queued; not found (or
+        on a cluster, where the record is kept and expires at its deadline if the request
+        never got queued), ``_claim`` answers that the job may have been queued."""
         key = self.keys.job(record.id)
         stream = self.keys.stream(
             record.model, lane, self.inference.partition(record.model, self._partitions(record))
@@ -293,7 +301,12 @@ class JobService:
             )
             if replicated:
                 await self._wait_on(pipe, key)
-            replies = await pipe.execute()
+            try:
+                replies = await pipe.execute()
+            except RETRYABLE as e:
+                if replicated or not outcome_unknown(e) or not await self._exists(key):
+                    raise
+                return None  # its reply was lost, not the job
             if replies[0][0] != 0:
                 return cast(bytes, replies[0][1])
             if replicated:
@@ -312,13 +325,21 @@ class JobService:
             if replicated:
                 await self._wait_on(pipe, stream)
             queued = await pipe.execute()
-        except RETRYABLE:
-            with contextlib.suppress(*RETRYABLE):
-                await self._undo(keys=keys, args=[value])
+        except RETRYABLE as e:
+            if not outcome_unknown(e):  # not queued: take the record back
+                with contextlib.suppress(*RETRYABLE):
+                    await self._undo(keys=keys, args=[value])
             raise
         if replicated:
             await self._confirmed(record, [reserved[-1], queued[-1]])
         return None
+
+    async def _exists(self, key: str) -> bool:
+        """Whether Redis holds ``key`` (False when it cannot say)."""
+        try:
+            return bool(await self._redis.exists(key))
+        except RETRYABLE:
+            return False
 
     def _partitions(self, record: JobRecord) -> int:
         entry = self.registry.models.get(record.model)

@@ -35,8 +35,20 @@ async def sweep(redis: aioredis.Redis, waiters: Iterable[Waiter], *, after_loss:
     """Judge every queued waiter (see the module docstring) and mark the suspects.
     ``after_loss``: Redis is known to have lost data (fail gone requests now, and look for
     results of all, not only gone ones). Redis errors propagate."""
-    queued = [w for w in waiters if w.queued]
+    everyone = list(waiters)
+    queued = [w for w in everyone if w.queued]
+    # Unconfirmed (their XADD got no reply): nothing to judge them by, until Redis is known to
+    # have lost data, which lost them too unless their result is stored.
+    unconfirmed = [w for w in everyone if w.unconfirmed and not w.queued] if after_loss else []
     verdict = Verdict()
+    if unconfirmed:
+        results = await _results(redis, [(w.id, w.result_key) for w in unconfirmed])
+        for w in unconfirmed:
+            payload = results.get(w.id)
+            if payload is not None:
+                verdict.found.append((w, payload))
+            else:
+                verdict.lost.append(w)
     if not queued:
         return verdict
     firsts = await _first_ids(redis, sorted({w.stream for w in queued}))

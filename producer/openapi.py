@@ -40,7 +40,8 @@ ERROR_REASONS = {
     500: "the model failed",
     503: "no live worker, Redis unreachable or refusing writes, Redis lost the request, or the "
     "model's breaker is open; see Retry-After",
-    504: "the request's deadline passed",
+    504: "the request's deadline passed; or Redis did not confirm that the request or job was "
+    "queued (a stall, a restart): it may have run, see the message",
 }
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
@@ -230,7 +231,7 @@ INFER = Operation(
 SUBMIT_JOB = Operation(
     "Submit an async job",
     {202: Reply("queued", "Job")},
-    errors=(400, 404, 408, 413, 415, 422, 429, 503),
+    errors=(400, 404, 408, 413, 415, 422, 429, 503, 504),
     body="InferRequest",
     headers={
         "Idempotency-Key": {"type": "string"},

@@ -33,6 +33,7 @@ from producer.errors import (
     ServiceUnavailable,
     TooManyRequests,
     redis_unavailable,
+    unconfirmed,
 )
 from producer.inflight import BodyHold, InflightBytes
 from producer.metrics import GatewayMetrics
@@ -42,6 +43,7 @@ from producer.replies import ReplyListener
 from producer.routing import VersionRouter
 from producer.settings import GatewaySettings
 from producer.v2_request import InferRequestBody
+from producer.waiters import Waiter
 from protocol import ProtocolError
 from protocol.cachekey import digest
 from protocol.cancellation import MARK_SCRIPT, mark_args
@@ -50,7 +52,7 @@ from protocol.keys import Keys, Lane, is_valid_name, text
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status
 from protocol.registry import ModelMetadata
 from runtime.connections import RedisClock
-from runtime.faults import RETRYABLE
+from runtime.faults import RETRYABLE, describe, outcome_unknown
 from runtime.tracing import REQUEST_TRACE, Stage
 
 log = structlog.get_logger("inferq.gateway")
@@ -305,32 +307,27 @@ class InferenceService:
         disconnected: Callable[[], Awaitable[None]] | None,
     ) -> InferResult:
         """Queue the request and wait for its answer, until ``started`` (monotonic) plus its
-        timeout."""
+        timeout. An ``XADD`` whose reply was lost (``runtime.faults.outcome_unknown``: a stall,
+        a restart, a huge request past the socket timeout) may have queued the request: its
+        answer is waited for all the same, and if none comes, the 504 says it may have run."""
         request = prepared.request
         name = request.model
-        lane = prepared.schedule.lane
         waiter = self.waiters.expect(request.id, name, request.deadline_ms)
+        lane = prepared.schedule.lane
         stream = self.keys.stream(name, lane, self.partition(name, prepared.partitions))
+        timeout_ms = prepared.schedule.timeout_ms
+        lost_reply: BaseException | None = None
         try:
-            entry_id = await self._redis("XADD", stream, "*", FIELD, request.encode(), model=name)
-            waiter.enqueued(stream, text(entry_id), request.result_key)
-            self.registry.note_queued(name)
-            log.debug(
-                "request queued",
-                component="gateway",
-                request_id=request.id,
-                model=name,
-                version=request.version,
-                lane=lane.value,
-                traceparent=request.traceparent,
-            )
-            remaining = prepared.schedule.timeout_ms / 1000 - (time.monotonic() - started)
+            lost_reply = await self._enqueue(request, lane, stream, waiter)
+            remaining = timeout_ms / 1000 - (time.monotonic() - started)
             return await waiter.wait(remaining, disconnected, self._abandon)
         except TimeoutError:
+            if lost_reply is not None:
+                raise unconfirmed(lost_reply, "the request", timeout_ms) from None
             raise GatewayTimeout(
                 f"model '{name}' did not answer within the request's deadline of "
-                f"{prepared.schedule.timeout_ms} ms (queue backlog or too few workers); the "
-                "request will not run after its deadline"
+                f"{timeout_ms} ms (queue backlog or too few workers); the request will not "
+                "run after its deadline"
             ) from None
         except asyncio.CancelledError:
             self.abandon(request.id)  # e.g. a cancelled gRPC call
@@ -338,6 +335,40 @@ class InferenceService:
         finally:
             waiter.close()
             prepared.stage.end()
+
+    async def _enqueue(
+        self, request: InferRequest, lane: Lane, stream: str, waiter: Waiter
+    ) -> BaseException | None:
+        """XADD the request to ``stream`` and tell ``waiter`` where it is. A refusal, or a
+        command that never left, is the caller's 503 (it did not run). A reply lost after the
+        XADD was sent is returned: the request may be queued, so it is waited for all the same
+        (``Waiter.unconfirmed_in``)."""
+        try:
+            entry_id = await self.pipeline.execute("XADD", stream, "*", FIELD, request.encode())
+        except RETRYABLE as e:
+            if not outcome_unknown(e):
+                self.metrics.observe_rejected(request.model, "redis_unavailable")
+                raise redis_unavailable(e) from e
+            waiter.unconfirmed_in(stream, request.result_key)
+            log.warning(
+                "Redis did not confirm a request was queued; waiting for its answer",
+                request_id=request.id,
+                model=request.model,
+                error=describe(e),
+            )
+            return e
+        waiter.enqueued(stream, text(entry_id), request.result_key)
+        self.registry.note_queued(request.model)
+        log.debug(
+            "request queued",
+            component="gateway",
+            request_id=request.id,
+            model=request.model,
+            version=request.version,
+            lane=lane.value,
+            traceparent=request.traceparent,
+        )
+        return None
 
     def partition(self, model: str, partitions: int) -> int:
         """The partition a request goes to: each in turn (round-robin per gateway), so a model

@@ -39,6 +39,7 @@ class Waiter:
         "result_key",
         "stream",
         "suspect",
+        "unconfirmed",
     )
 
     def __init__(self, waiters: Waiters, request_id: str, model: str, deadline_ms: int) -> None:
@@ -56,6 +57,8 @@ class Waiter:
         self.result_key = ""
         self.suspect = False
         """Gone from its stream without a result at the last loss sweep (``producer.losses``)."""
+        self.unconfirmed = False
+        """Its ``XADD`` got no reply: it may or may not be queued (``unconfirmed_in``)."""
 
     @property
     def queued(self) -> bool:
@@ -64,6 +67,11 @@ class Waiter:
     def enqueued(self, stream: str, entry_id: str, result_key: str) -> None:
         """Where the request was queued: what the loss sweep checks."""
         self.stream, self.entry_id, self.result_key = stream, entry_id, result_key
+
+    def unconfirmed_in(self, stream: str, result_key: str) -> None:
+        """The request's ``XADD`` to ``stream`` got no reply: no entry id to check, but a loss
+        sweep after a known loss looks for its result, and fails it if there is none."""
+        self.stream, self.result_key, self.unconfirmed = stream, result_key, True
 
     async def wait(
         self,

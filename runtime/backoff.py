@@ -49,6 +49,8 @@ class Backoff:
         self.problem: str | None = None
         """What went wrong last, for a person; None while healthy."""
         self.fault: Fault | None = None
+        self.failing_since: float | None = None
+        """When the current run of failures began (the injected clock); None while healthy."""
         self._logged_at = 0.0
 
     @property
@@ -64,6 +66,7 @@ class Backoff:
         self.failures = 0
         self.problem = None
         self.fault = None
+        self.failing_since = None
 
     def record(self, error: BaseException) -> None:
         """Note a failure without waiting (a loop whose own interval is the retry)."""
@@ -77,6 +80,8 @@ class Backoff:
                 backoff_s=round(self.delay_s, 3),
             )
             self._logged_at = now
+        if self.failing_since is None:
+            self.failing_since = now
         self.failures += 1
         self.problem = problem
         self.fault = classify(error)

@@ -124,6 +124,26 @@ class Broker(abc.ABC):
         """A connection of its own for a loop of reads that block up to ``block_ms``, on the
         node that owns ``key`` (``runtime.readconn``); the loop closes it."""
 
+    @abc.abstractmethod
+    def pool_counts(self) -> dict[str, int]:
+        """The command pool's connections: ``in_use`` and ``idle`` (summed over the nodes of a
+        cluster), for the pool gauge and the chaos tests."""
+
+    async def answers_afresh(self) -> bool:
+        """Whether Redis answers ``PING`` on a connection opened now, outside the pool (the
+        first seed that answers, on a cluster): what tells a process wedged on its own
+        connections from a Redis that is down (``runtime.wedge``)."""
+        for seed in seed_urls(self.settings.url):
+            client = _fresh_client(seed, self.settings)
+            try:
+                await client.ping()
+                return True
+            except (RedisError, OSError):
+                continue
+            finally:
+                await client.aclose()
+        return False
+
     async def aclose(self) -> None:
         await self.commands.aclose()
 
@@ -154,6 +174,12 @@ class StandaloneBroker(Broker):
 
     def colocated(self, keys: Sequence[str]) -> list[list[str]]:
         return [list(keys)] if keys else []
+
+    def pool_counts(self) -> dict[str, int]:
+        # redis-py 8.1.0 counts them in private sets only.
+        pool = self.commands.connection_pool
+        in_use = len(pool._in_use_connections)
+        return {"in_use": in_use, "idle": len(pool._available_connections)}
 
     async def queue_wait(self, pipe: Pipeline, key: str, *, replicas: int, timeout_ms: int) -> None:
         pipe.execute_command("WAIT", replicas, timeout_ms)
@@ -197,6 +223,13 @@ class ClusterBroker(Broker):
     def colocated(self, keys: Sequence[str]) -> list[list[str]]:
         return list(group_by_slot(keys).values())
 
+    def pool_counts(self) -> dict[str, int]:
+        # redis-py 8.1.0: each ClusterNode keeps its connections and the free ones privately.
+        nodes = self._cluster.get_nodes()
+        made = sum(len(n._connections) for n in nodes)
+        idle = sum(len(n._free) for n in nodes)
+        return {"in_use": made - idle, "idle": idle}
+
     async def queue_wait(self, pipe: Pipeline, key: str, *, replicas: int, timeout_ms: int) -> None:
         try:
             await self._cluster.initialize()  # the slot table, once
@@ -225,17 +258,22 @@ class ClusterBroker(Broker):
         return SlotReads(self._cluster, key, endpoint)
 
 
+def _fresh_client(seed: str, settings: RedisSettings) -> aioredis.Redis:
+    """A client of one node for one question, over a connection of its own (closed after)."""
+    return aioredis.Redis.from_url(
+        seed,
+        socket_timeout=settings.connect_timeout_s,
+        socket_connect_timeout=settings.connect_timeout_s,
+        retry=_no_retry(),
+    )
+
+
 async def is_cluster(settings: RedisSettings) -> bool:
     """Whether ``settings.url`` names a Redis Cluster, as the first seed that answers says
     (``INFO cluster``). When none answers, several seeds mean a cluster and one a plain Redis
     (the process starts, answers 503 and recovers once Redis is back)."""
     for seed in seed_urls(settings.url):
-        client = aioredis.Redis.from_url(
-            seed,
-            socket_timeout=settings.connect_timeout_s,
-            socket_connect_timeout=settings.connect_timeout_s,
-            retry=_no_retry(),
-        )
+        client = _fresh_client(seed, settings)
         try:
             info = await client.info("cluster")
             return bool(isinstance(info, dict) and int(info.get("cluster_enabled", 0)))

@@ -102,6 +102,24 @@ def classify(error: BaseException) -> Fault:
     return Fault.OTHER
 
 
+_NOT_SENT = re.compile(
+    r"no connection available|connecting|cannot connect|connection refused|connection is closed",
+    re.I,
+)
+"""How redis-py and ``runtime.resp`` say a command never left: no pooled connection, a connect
+that failed or timed out, a connection known closed before the write."""
+
+
+def outcome_unknown(error: BaseException) -> bool:
+    """Whether a write that failed with ``error`` may have been carried out all the same: the
+    connection broke or timed out after the command was sent (a stall, a restart, a reply
+    slower than the socket timeout). False when Redis answered with an error, and when the
+    command never left (see ``_NOT_SENT``): those writes did not happen."""
+    if classify(error) is not Fault.CONNECTION:
+        return False
+    return not _NOT_SENT.search(str(error))
+
+
 def redis_said(error: BaseException) -> str:
     """The error's own message, without redis-py's quote of the pipeline command."""
     message = str(error.args[0]) if error.args else ""

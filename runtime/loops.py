@@ -38,6 +38,10 @@ class Loops:
             found = self._backoffs[name] = Backoff(name, self._log, critical=critical, **options)
         return found
 
+    def backoffs(self) -> list[Backoff]:
+        """Every loop's backoff made so far (``runtime.wedge`` reads how long each fails)."""
+        return list(self._backoffs.values())
+
     def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
         """Run a long-lived loop. It should only end when cancelled."""
         task = asyncio.create_task(coro, name=name)

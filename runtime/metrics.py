@@ -77,6 +77,14 @@ class RuntimeGauges:
             ["policy"],
             registry=registry,
         )
+        self.redis_pool = Gauge(
+            "inferq_redis_pool_connections",
+            "Connections of the Redis command pool, by state: in_use (taken by a command now) "
+            "and idle; in_use stuck at the pool size while Redis answers is a wedged pool "
+            "(the process exits after --redis-wedge-s).",
+            ["state"],
+            registry=registry,
+        )
         self._policy: str | None = None
 
     def track_loops(self, health: Callable[[], dict[str, bool]]) -> None:
@@ -87,6 +95,15 @@ class RuntimeGauges:
 
         for name in health():
             self.loop_healthy.labels(name).set_function(reader(name))
+
+    def track_pool(self, counts: Callable[[], dict[str, int]]) -> None:
+        """Read the pool's counts at scrape time (``runtime.broker.Broker.pool_counts``)."""
+
+        def reader(state: str) -> Callable[[], float]:
+            return lambda: float(counts()[state])
+
+        for state in ("in_use", "idle"):
+            self.redis_pool.labels(state).set_function(reader(state))
 
     def set_policy(self, policy: str, evicting: bool) -> None:
         if self._policy is not None and self._policy != policy:

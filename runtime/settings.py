@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from protocol.argtypes import positive_float
 from protocol.options import add_flags, option
 from runtime.connections import RedisSettings
 
@@ -35,6 +36,15 @@ class ConnectionSettings:
     )
     log_level: str = option(
         "info", flag="--log-level", env="INFERQ_LOG_LEVEL", choices=LOG_LEVELS, help="log level"
+    )
+    redis_wedge_s: float = option(
+        30.0,
+        flag="--redis-wedge-s",
+        env="INFERQ_REDIS_WEDGE_S",
+        parse=positive_float,
+        help="a process that cannot use its Redis connections (an exhausted pool, loops that "
+        "fail) for this long while Redis answers a new connection exits with status 70, for "
+        "its supervisor to restart it (runtime.wedge)",
     )
 
 

@@ -242,7 +242,7 @@ def test_an_evicting_redis_under_memory_pressure_keeps_serving_and_recovers(
     assert count.correct == statuses[200] > 0
     assert max(runs.values()) == 1
     assert alive
-    assert after.correct == after.sent == 100
+    assert after.correct == after.sent == 100, (after.statuses, after.reasons)
     assert 'inferq_redis_evicting{policy="allkeys-random"} 1.0' in scrape
 
 

@@ -31,8 +31,16 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_write_failures_total": ("counter", ("model", "reason")),
     "inferq_worker_policy_fallbacks_total": ("counter", ("model",)),
 }
-RUNTIME = {"inferq_loop_healthy": "gauge", "inferq_redis_evicting": "gauge"}
-RUNTIME_LABELS = {"inferq_loop_healthy": ("loop",), "inferq_redis_evicting": ("policy",)}
+RUNTIME = {
+    "inferq_loop_healthy": "gauge",
+    "inferq_redis_evicting": "gauge",
+    "inferq_redis_pool_connections": "gauge",
+}
+RUNTIME_LABELS = {
+    "inferq_loop_healthy": ("loop",),
+    "inferq_redis_evicting": ("policy",),
+    "inferq_redis_pool_connections": ("state",),
+}
 """Declared once in ``runtime.metrics.RuntimeGauges``, exported by gateways and workers alike."""
 LATENCY = {name for name in EXPECTED if name.endswith("_seconds")}
 COUNTS = {"inferq_worker_batch_requests", "inferq_worker_batch_rows"}
@@ -69,6 +77,7 @@ def exercise(m: WorkerMetrics) -> None:
     m.observe_policy_fallback("digits")
     m.runtime.set_policy("noeviction", False)
     m.runtime.track_loops(lambda: {"reader": True})
+    m.runtime.track_pool(lambda: {"in_use": 1, "idle": 7})
 
 
 def test_the_worker_declares_exactly_the_documented_metrics_with_help_text():

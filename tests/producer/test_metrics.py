@@ -59,6 +59,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     # Declared once in runtime.metrics.RuntimeGauges, exported by workers too.
     "inferq_loop_healthy": ("gauge", ("loop",)),
     "inferq_redis_evicting": ("gauge", ("policy",)),
+    "inferq_redis_pool_connections": ("gauge", ("state",)),
 }
 
 

@@ -200,3 +200,28 @@ def test_a_request_gone_from_its_stream_without_a_result_fails_at_the_second_swe
         assert listener.waiting == 0
 
     with_listener(either_redis, namespace, body, run=False)
+
+
+def test_unconfirmed_requests_wait_until_redis_is_known_to_have_lost_its_data(
+    r, either_redis, namespace
+):
+    """A request whose XADD got no reply has no entry id to judge it by: ordinary sweeps leave
+    it waiting (it may be queued); once the reply stream is found gone, one whose result is
+    stored is answered from it and one without fails at once (issue #21, defect 5)."""
+    stream = f"{namespace}:stream:m:normal"
+    r.set(f"{namespace}:result:ran", ok("ran"))
+
+    async def body(listener: ReplyListener) -> None:
+        ran, gone = (listener.waiters.expect(i, "m", 0) for i in ("ran", "gone"))
+        ran.unconfirmed_in(stream, f"{namespace}:result:ran")
+        gone.unconfirmed_in(stream, f"{namespace}:result:gone")
+        await listener.sweep()
+        await listener.sweep()
+        assert not ran.future.done() and not gone.future.done()
+        r.delete(listener.key)
+        await listener.keepalive()  # the reply stream is gone: Redis lost data
+        assert (await ran.future).id == "ran"
+        with pytest.raises(ServiceUnavailable, match="lost"):
+            await gone.future
+
+    with_listener(either_redis, namespace, body, run=False)

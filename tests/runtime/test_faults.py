@@ -12,8 +12,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from runtime.faults import TRANSIENT, Fault, classify, describe, redis_said
+from runtime.faults import TRANSIENT, Fault, classify, describe, outcome_unknown, redis_said
 
 
 def annotated(error: Exception, command: str) -> Exception:
@@ -63,3 +64,25 @@ def test_descriptions_say_what_kind_of_trouble():
     assert "read-only" in describe(ReadOnlyError("You can't write against a read only replica."))
     assert "gone" in describe(ResponseError("UNBLOCKED the stream key no longer exists"))
     assert describe(ResponseError("ERR x")) == "Redis refused the command (ERR x)"
+
+
+@pytest.mark.parametrize(
+    ("message", "unknown"),
+    [
+        ("Timeout reading from 127.0.0.1:6379", True),
+        ("Redis did not answer within 5 s", True),
+        ("the connection to Redis was lost (closed)", True),
+        ("Connection closed by server.", True),
+        ("No connection available.", False),
+        ("Error 111 connecting to 127.0.0.1:6379. Connection refused.", False),
+        ("cannot connect to Redis at 127.0.0.1:6379: [Errno 111] Connection refused", False),
+        ("timed out connecting to Redis at 127.0.0.1:6379", False),
+        ("the Redis connection is closed", False),
+    ],
+)
+def test_a_write_may_have_happened_only_when_its_connection_failed_after_sending(message, unknown):
+    """A broken or timed-out connection after the write leaves its outcome unknown; a write
+    that never left, or that Redis refused, did not happen (issue #21, defect 5)."""
+    assert outcome_unknown(RedisConnectionError(message)) is unknown
+    assert outcome_unknown(RedisTimeoutError(message)) is unknown
+    assert not outcome_unknown(OutOfMemoryError("OOM command not allowed"))

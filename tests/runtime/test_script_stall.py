@@ -17,6 +17,7 @@ import os
 import signal
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.integration
 
 POOL = 4
 SCRIPT = "return redis.call('INCR', KEYS[1])"
+PRODUCT = ("protocol", "runtime", "producer", "consumer", "inferq")
 
 
 @pytest.fixture
@@ -106,3 +108,17 @@ def test_redis_py_register_script_in_a_pipeline_leaks_the_pool_in_a_stall(server
 
 def test_a_broker_script_in_a_pipeline_leaks_nothing_in_a_stall(server):
     _pool_serves_after_a_stall(server, "broker")
+
+
+def test_no_product_code_puts_a_redis_py_registered_script_on_a_pipeline():
+    """The gateway's and the worker's scripts are ``Broker.script``s (issue #21: the worker's
+    writer, reclaimer and job transitions were checked too). redis-py's ``register_script`` is
+    used once, run on its own (``EVALSHA`` and a ``NOSCRIPT`` fallback, never ``SCRIPT
+    EXISTS``): never with ``client=``, which would put it on a pipeline."""
+    root = Path(__file__).resolve().parents[2]
+    sources = [p for d in PRODUCT for p in (root / d).rglob("*.py")]
+    registering = sorted(
+        str(p.relative_to(root)) for p in sources if "register_script(" in p.read_text()
+    )
+    assert registering == ["runtime/stats.py"]
+    assert "client=" not in (root / "runtime" / "stats.py").read_text()
