@@ -218,7 +218,7 @@ def test_a_job_transition_refused_is_retried_and_the_job_ends_succeeded(server, 
     run_writer(server.url, body)
     assert r.hget("w:job:1", "status") == b"succeeded"
     assert r.hget("w:job:1", "result") == b"payload"
-        assert r.xrange(EVENTS)[-1][1] == {b"job": b"1", b"status": b"succeeded"}
+    assert r.xrange(EVENTS)[-1][1] == {b"job": b"1", b"status": b"succeeded"}
     assert r.xpending(STREAM, GROUP)["pending"] == 0
 
 
