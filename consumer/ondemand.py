@@ -1,0 +1,292 @@
+"""Models loaded when requests for them wait (``--load on-demand``), under a budget.
+
+An on-demand worker starts holding no model. Its repository's models (or those ``--models``
+names) are *loadable*: it advertises them (``WorkerInfo.on_demand``) and their metadata, so the
+gateway queues requests for them instead of refusing them. Requests go to the consumer group of
+their model's streams as always; only workers that hold the model read those streams. This loop
+decides when this worker starts holding one more (design: docs/on-demand.md, ARCHITECTURE.md):
+
+- every ``demand_poll_s`` it reads which loadable models it does not hold have unread entries:
+  one ``GET`` of the backlog snapshot the elected gateway publishes (``runtime.stats``) while it
+  is fresh, else ``runtime.lag.collect`` of just those models; at idle the cost is one command
+  per worker, whatever the number of models;
+- such a model that no live worker holds is loaded at once; one that another worker holds is
+  loaded only when its oldest unread entry has waited ``load_after_ms`` (that worker is not
+  keeping up), so a model's requests stay on the workers that hold it while they keep up;
+- one worker at a time adds capacity for a model: the load is claimed (``Keys.load_claim``,
+  ``SET NX PX``) for the load and then for ``load_after_ms``, the time the new holder gets to
+  catch up before another worker may judge it too slow;
+- before a load, the least recently used models are unloaded until one more fits the budget
+  (``consumer.budget``); after it, again if the measured memory passed the budget. Unloading a
+  model stops reading its streams and finishes what this worker holds of it; what is still
+  queued stays in the stream, for the workers that hold it or for the next load;
+- with ``unload_idle_s``, a model that ran no request for that long is unloaded.
+
+Memory is measured at load: the process's resident set before and after (``resident_bytes``),
+reported per model (``inferq_worker_model_resident_bytes``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import redis.asyncio as aioredis
+import structlog
+
+from consumer.budget import MIB, Held, LoadBudget
+from consumer.context import WorkerContext
+from protocol import ProtocolError
+from protocol.keys import GROUP, LANES_BY_PRIORITY, text
+from protocol.registry import WorkerInfo
+from runtime.aio import cancelling
+from runtime.faults import RETRYABLE
+from runtime.lag import LagError, collect
+from runtime.stats import read_snapshot
+
+log = structlog.get_logger("inferq.worker")
+
+LOAD_CLAIM_MS = 120_000
+"""How long a load may take before another worker may start the same one (a worker that died
+mid-load frees the claim after this)."""
+SNAPSHOT_FRESH_MS = 5_000
+"""A published backlog snapshot older than this is not used (its publisher is gone)."""
+RETRY_FAILED_S = 30.0
+"""A model whose load failed is tried again after this long (its folder may be fixed)."""
+_ERRORS: tuple[type[BaseException], ...] = (*RETRYABLE, LagError)
+
+
+def resident_bytes() -> int:
+    """This process's resident set size now (Linux ``/proc``; 0 where it cannot be read, and
+    then only ``--max-loaded-models`` bounds what is held)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class DemandHost(Protocol):
+    """What the on-demand loop needs of its worker (``consumer.worker.Worker``)."""
+
+    def loadable(self) -> dict[str, int]:
+        """Models this worker may load and does not hold: name -> partitions."""
+
+    def held(self) -> dict[str, tuple[float, bool]]:
+        """Models held: name -> (when a request for it was last read, whether it is idle)."""
+
+    async def load_on_demand(self, name: str) -> bool:
+        """Load the model (its committed policy, else its config) and serve it; False when it
+        was not loaded (the failure is logged and reported)."""
+
+    async def unload_model(self, name: str, reason: str) -> None:
+        """Stop serving the model: stop reading its streams, finish what is held, unload;
+        counted by ``reason`` (budget, idle, control)."""
+
+
+class OnDemand:
+    def __init__(self, context: WorkerContext, redis: aioredis.Redis, host: DemandHost) -> None:
+        s = context.settings
+        self._ctx = context
+        self._redis = redis
+        self._host = host
+        self._keys = context.keys
+        self._me = context.worker_id
+        self._budget = LoadBudget.of(s.max_loaded_models, s.max_model_memory_mib)
+        self._poll_s = s.demand_poll_s
+        self._load_after_ms = s.load_after_ms
+        self._idle_s = s.unload_idle_s
+        self._backoff = context.loops.backoff("on-demand", critical=False)
+        self.resident: dict[str, int] = {}
+        """Model -> resident bytes its last load added (kept after an unload: the estimate for
+        the next load of it)."""
+        self._failed_at: dict[str, float] = {}
+
+    async def run(self) -> None:
+        while not cancelling():
+            await asyncio.sleep(self._poll_s)
+            try:
+                await self.tick()
+            except _ERRORS as e:
+                await self._backoff.failed(e)
+                continue
+            self._backoff.succeeded()
+
+    async def tick(self) -> None:
+        """One look: unload what idled out, then load at most one model requests wait for."""
+        await self._unload_idle()
+        now = time.monotonic()
+        candidates = {
+            name: partitions
+            for name, partitions in self._host.loadable().items()
+            if now - self._failed_at.get(name, -RETRY_FAILED_S) >= RETRY_FAILED_S
+        }
+        if not candidates:
+            return
+        waiting = await self._waiting(candidates)
+        if not waiting:
+            return
+        holders: set[str] | None = None
+        for name in sorted(waiting, key=lambda n: -waiting[n]):
+            if holders is None:
+                holders = await self._holders()
+            if name in holders:
+                waited = await self._oldest_unread_ms(name, candidates[name])
+                if waited < self._load_after_ms:
+                    continue
+                reason = f"its oldest request waited {waited} ms on the workers that hold it"
+            else:
+                reason = "no live worker holds it"
+            if await self._claim(name):
+                await self.load(name, reason)
+                return
+
+    async def load(self, name: str, reason: str = "asked") -> bool:
+        """Make room under the budget, load the model, measure it, and make room again if it
+        turned out bigger than the budget left. True when it serves the model."""
+        await self._make_room(self._budget.to_unload(self._held(), self.resident.get(name, 0)))
+        before = resident_bytes()
+        started = time.perf_counter()
+        try:
+            loaded = await self._host.load_on_demand(name)
+        except BaseException:
+            await self._release(name)
+            raise
+        seconds = time.perf_counter() - started
+        if not loaded:
+            self._failed_at[name] = time.monotonic()
+            await self._release(name)
+            return False
+        self._failed_at.pop(name, None)
+        size = max(0, resident_bytes() - before)
+        self.resident[name] = size
+        self._ctx.metrics.observe_load(name, seconds, size)
+        log.info(
+            "model loaded on demand",
+            model=name,
+            why=reason,
+            load_ms=round(seconds * 1000, 1),
+            resident_mib=round(size / MIB, 1),
+        )
+        await self._make_room(self._budget.to_unload(self._held(), keep=name))
+        await self._cool_down(name)
+        return True
+
+    async def unload(self, name: str, reason: str) -> None:
+        await self._host.unload_model(name, reason)
+
+    # -- demand ------------------------------------------------------------------------------
+
+    async def _waiting(self, candidates: Mapping[str, int]) -> dict[str, int]:
+        """Of ``candidates``, those with unread entries: name -> how many."""
+        snapshot = await read_snapshot(self._redis, self._keys)
+        unread: dict[str, int] = {}
+        missing = set(candidates)
+        if snapshot is not None and snapshot.fresh(self._ctx.clock.now_ms(), SNAPSHOT_FRESH_MS):
+            for row in snapshot.lanes:
+                if row.model in candidates:
+                    unread[row.model] = unread.get(row.model, 0) + row.lag
+                    missing.discard(row.model)
+        if missing:  # no fresh snapshot, or one taken before the model was advertised
+            backlog = await collect(
+                self._redis,
+                self._keys,
+                self._ctx.clock.now_ms,
+                models={n: candidates[n] for n in sorted(missing)},
+                detail=False,
+            )
+            for name, totals in backlog.by_model().items():
+                unread[name] = unread.get(name, 0) + totals.lag
+        return {name: n for name, n in unread.items() if n > 0}
+
+    async def _holders(self) -> set[str]:
+        """Models some other live worker serves (from the advertisements)."""
+        ids: Any = await self._redis.zrangebyscore(
+            self._keys.workers, self._ctx.clock.now_ms(), "+inf"
+        )
+        others = [i.decode() for i in ids if i.decode() != self._me]
+        if not others:
+            return set()
+        raw: Any = await self._redis.execute_command(
+            "MGET", *(self._keys.worker(i) for i in others)
+        )
+        held: set[str] = set()
+        for item in raw:
+            if not item:
+                continue
+            try:
+                info = WorkerInfo.decode(item)
+            except ProtocolError:
+                continue
+            held.update(m.name for m in info.models if m.versions)
+        return held
+
+    async def _oldest_unread_ms(self, name: str, partitions: int) -> int:
+        """How long the model's oldest unread entry has waited (0 when none is unread)."""
+        streams = [
+            self._keys.stream(name, lane, p)
+            for p in range(partitions)
+            for lane in LANES_BY_PRIORITY
+        ]
+        pipe = self._redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xinfo_groups(stream)
+        groups = await pipe.execute(raise_on_error=False)
+        pipe = self._redis.pipeline(transaction=False)
+        for stream, reply in zip(streams, groups, strict=True):
+            last = "-"
+            if isinstance(reply, list):
+                for g in reply:
+                    if text(g.get("name", b"")) == GROUP:
+                        last = "(" + text(g.get("last-delivered-id", b"0-0"))
+            pipe.xrange(stream, min=last, max="+", count=1)
+        firsts = await pipe.execute(raise_on_error=False)
+        now_ms = self._ctx.clock.now_ms()
+        waited = 0
+        for first in firsts:
+            if isinstance(first, list) and first:
+                entry_ms = int(text(first[0][0]).split("-")[0])
+                waited = max(waited, now_ms - entry_ms)
+        return waited
+
+    # -- claims and the budget -----------------------------------------------------------------
+
+    async def _claim(self, name: str) -> bool:
+        return bool(
+            await self._redis.set(self._keys.load_claim(name), self._me, nx=True, px=LOAD_CLAIM_MS)
+        )
+
+    async def _cool_down(self, name: str) -> None:
+        """Keep the claim for ``load_after_ms`` more: the time this worker gets to catch up on
+        the model's backlog before another worker may add capacity for it."""
+        if self._load_after_ms > 0:
+            await self._redis.pexpire(self._keys.load_claim(name), self._load_after_ms)
+        else:
+            await self._release(name)
+
+    async def _release(self, name: str) -> None:
+        try:
+            await self._redis.delete(self._keys.load_claim(name))
+        except RETRYABLE as e:  # it expires on its own
+            log.debug("could not release a load claim", model=name, error=str(e))
+
+    def _held(self) -> dict[str, Held]:
+        return {
+            name: Held(self.resident.get(name, 0), used_at)
+            for name, (used_at, _) in self._host.held().items()
+        }
+
+    async def _make_room(self, names: list[str]) -> None:
+        for name in names:
+            await self.unload(name, "budget")
+
+    async def _unload_idle(self) -> None:
+        if self._idle_s <= 0:
+            return
+        now = time.monotonic()
+        for name, (used_at, idle) in self._host.held().items():
+            if idle and now - used_at >= self._idle_s:
+                await self.unload(name, "idle")
