@@ -58,6 +58,9 @@ class ModelEntry:
     """Every live worker serving the model could not serve the committed policy (a version it
     names has no folder, or does not load) and serves the repository config's versions: the
     gateway routes by what they serve, not by the stale policy."""
+    loadable: int = 0
+    """Live on-demand workers (``--load on-demand``) that load it when requests for it wait:
+    with none serving it, a request is queued and waits for a load within its deadline."""
 
     @property
     def unloaded(self) -> bool:
@@ -67,6 +70,22 @@ class ModelEntry:
     def ready(self) -> bool:
         """A live worker serves a version of it: requests for it are routed."""
         return self.workers > 0 and not self.unloaded and bool(self.metadata.versions)
+
+    @property
+    def state(self) -> str:
+        """``ready`` (a live worker serves it), ``loadable`` (none does, an on-demand worker
+        loads it when a request arrives), ``unloaded`` (an administrator unloaded it) or
+        ``unavailable`` (no live worker serves or may load it)."""
+        if self.unloaded:
+            return "unloaded"
+        if self.ready:
+            return "ready"
+        return "loadable" if self.loadable else "unavailable"
+
+    @property
+    def accepts(self) -> bool:
+        """Requests for it are queued: a live worker serves it or one loads it on demand."""
+        return not self.unloaded and (self.ready or self.loadable > 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +154,31 @@ def merge(
         # Every worker serving it fell back from the policy: route by what they serve.
         fallback = fell_back.get(name, 0) == count
         entries[name] = _entry(meta, count, versions, policies.get(name), fallback=fallback)
+    return _with_loadable(entries, workers, policies)
+
+
+def _with_loadable(
+    entries: dict[str, ModelEntry], workers: list[WorkerInfo], policies: dict[str, VersionPolicy]
+) -> dict[str, ModelEntry]:
+    """Count, per model, the live on-demand workers that would load it; a model only they
+    can serve is described from their repository's metadata (none has loaded it yet)."""
+    loadable: dict[str, int] = {}
+    described: dict[str, tuple[int, ModelMetadata]] = {}
+    for w in workers:
+        if not w.on_demand:
+            continue
+        for r in w.repository:
+            if r.metadata is None:
+                continue
+            loadable[r.name] = loadable.get(r.name, 0) + 1
+            if w.started_ms >= described.get(r.name, (-1, r.metadata))[0]:
+                described[r.name] = (w.started_ms, r.metadata)
+    for name, count in loadable.items():
+        entry = entries.get(name)
+        if entry is None:
+            meta = described[name][1]
+            entry = _entry(meta, 0, set(meta.versions), policies.get(name))
+        entries[name] = replace(entry, loadable=count)
     return entries
 
 
@@ -234,7 +278,7 @@ class ModelRegistry:
     def not_serving(self) -> str | None:
         """Why no request can be served (readiness' reason), or None when some model is
         ready."""
-        if any(e.ready for e in self.models.values()):
+        if any(e.accepts for e in self.models.values()):
             return None
         unloaded = sorted(name for name, e in self.models.items() if e.unloaded and e.workers)
         if unloaded:

@@ -217,7 +217,7 @@ class InferenceService:
             body = decode(meta)
             sched = schedule(meta, body, terms, no_cache=no_cache)
             trace.since_start("receive and validate")
-            if terms.queue_cap is None and entry.workers == 0:
+            if terms.queue_cap is None and entry.workers == 0 and not entry.loadable:
                 self.metrics.observe_rejected(name, "no_workers")
                 raise ServiceUnavailable(
                     f"no live worker serves model '{name}'; start one with "
