@@ -34,8 +34,9 @@ class LoadBudget:
     """Most resident bytes the held models may add up to (0: no limit)."""
 
     @classmethod
-    def of(cls, max_models: int, max_memory_mib: float) -> LoadBudget:
-        return cls(max_models, int(max_memory_mib * MIB))
+    def of(cls, max_loaded_models: int, max_memory_mib: float) -> LoadBudget:
+        """From the worker's ``--max-loaded-models`` and ``--max-model-memory-mib``."""
+        return cls(max_loaded_models, int(max_memory_mib * MIB))
 
     def to_unload(
         self, held: Mapping[str, Held], incoming_bytes: int = 0, *, keep: str = ""
