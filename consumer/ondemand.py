@@ -6,10 +6,12 @@ gateway queues requests for them instead of refusing them. Requests go to the co
 their model's streams as always; only workers that hold the model read those streams. This loop
 decides when this worker starts holding one more (design: docs/on-demand.md, ARCHITECTURE.md):
 
-- every ``demand_poll_s`` it reads which loadable models it does not hold have unread entries:
-  one ``GET`` of the backlog snapshot the elected gateway publishes (``runtime.stats``) while it
-  is fresh, else ``runtime.lag.collect`` of just those models; at idle the cost is one command
-  per worker, whatever the number of models;
+- as soon as a gateway hints that it queued a request for a model nobody holds
+  (``protocol.demand``), and at the latest every ``demand_poll_s``, it reads which loadable
+  models it does not hold have unread entries: one ``GET`` of the backlog snapshot the elected
+  gateway publishes (``runtime.stats``) while it is fresh, else ``runtime.lag.collect`` of just
+  those models; at idle the cost is one blocked read and one command a poll per worker,
+  whatever the number of models;
 - such a model that no live worker holds is loaded at once; one that another worker holds is
   loaded only when its oldest unread entry has waited ``load_after_ms`` (that worker is not
   keeping up), so a model's requests stay on the workers that hold it while they keep up;
@@ -29,6 +31,7 @@ reported per model (``inferq_worker_model_resident_bytes``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Mapping
@@ -40,11 +43,13 @@ import structlog
 from consumer.budget import MIB, Held, LoadBudget
 from consumer.context import WorkerContext
 from protocol import ProtocolError
+from protocol.demand import decode_hint
 from protocol.keys import GROUP, LANES_BY_PRIORITY, text
 from protocol.registry import WorkerInfo
 from runtime.aio import cancelling
 from runtime.faults import RETRYABLE
 from runtime.lag import LagError, collect
+from runtime.readconn import BlockingReads, recover
 from runtime.stats import read_snapshot
 
 log = structlog.get_logger("inferq.worker")
@@ -88,7 +93,14 @@ class DemandHost(Protocol):
 
 
 class OnDemand:
-    def __init__(self, context: WorkerContext, redis: aioredis.Redis, host: DemandHost) -> None:
+    def __init__(
+        self,
+        context: WorkerContext,
+        redis: aioredis.Redis,
+        host: DemandHost,
+        hints: BlockingReads | None = None,
+    ) -> None:
+        """``hints``: a blocking connection for ``Keys.demand`` (None: poll only)."""
         s = context.settings
         self._ctx = context
         self._redis = redis
@@ -104,11 +116,16 @@ class OnDemand:
         """Model -> resident bytes its last load added (kept after an unload: the estimate for
         the next load of it)."""
         self._failed_at: dict[str, float] = {}
+        self._hints = hints
+        self._hint_id = "$"
+        self._hinted: set[str] = set()
 
     async def run(self) -> None:
+        if self._hints is not None:
+            await self._hints_from_now()
         while not cancelling():
-            await asyncio.sleep(self._poll_s)
             try:
+                await self._wait_for_hints()
                 await self.tick()
             except _ERRORS as e:
                 await self._backoff.failed(e)
@@ -126,7 +143,10 @@ class OnDemand:
         }
         if not candidates:
             return
+        hinted, self._hinted = self._hinted & set(candidates), set()
         waiting = await self._waiting(candidates)
+        for name in hinted:  # just queued: the snapshot may not count it yet
+            waiting[name] = max(1, waiting.get(name, 0))
         if not waiting:
             return
         holders: set[str] | None = None
@@ -178,7 +198,39 @@ class OnDemand:
     async def unload(self, name: str, reason: str) -> None:
         await self._host.unload_model(name, reason)
 
-    # -- demand ------------------------------------------------------------------------------
+    # -- demand ---
+
+    async def _hints_from_now(self) -> None:
+        """Read hints added from now on (older ones were for loads done or decided)."""
+        assert self._hints is not None
+        while not cancelling():
+            try:
+                newest: Any = await self._redis.xrevrange(self._keys.demand, count=1)
+            except RETRYABLE as e:
+                await self._backoff.failed(e)
+                continue
+            self._hint_id = text(newest[0][0]) if newest else "0-0"
+            return
+
+    async def _wait_for_hints(self) -> None:
+        """Until a hint arrives or ``demand_poll_s`` passes (no hints: just the wait)."""
+        if self._hints is None:
+            await asyncio.sleep(self._poll_s)
+            return
+        try:
+            reply = await self._hints.xread(
+                {self._keys.demand: self._hint_id},
+                count=64,
+                block_ms=max(1, int(self._poll_s * 1000)),
+            )
+        except RETRYABLE as e:
+            await recover(self._hints, e, self._backoff)
+            return
+        for _, entries in reply or []:
+            for entry_id, fields in entries:
+                self._hint_id = text(entry_id)
+                with contextlib.suppress(ProtocolError):
+                    self._hinted.add(decode_hint(fields))
 
     async def _waiting(self, candidates: Mapping[str, int]) -> dict[str, int]:
         """Of ``candidates``, those with unread entries: name -> how many."""

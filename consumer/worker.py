@@ -97,6 +97,7 @@ class Worker:
         self.broker: Broker | None = None
         self._redis: aioredis.Redis | None = None
         self._control_reader: BlockingReads | None = None
+        self._demand_reader: BlockingReads | None = None
         self.context: WorkerContext | None = None
         """What every part shares (built at start, once Redis is connected)."""
         self.control: ModelControl | None = None
@@ -375,7 +376,12 @@ class Worker:
         assert self.broker is not None
         self.reclaimer = Reclaimer(self.context, self.broker, self._reader)
         if self.settings.on_demand:
-            self.on_demand = OnDemand(self.context, redis, self)
+            self._demand_reader = self.broker.blocking_reads(
+                self.keys.demand,
+                name=f"inferq-worker-demand-{self.id}",
+                block_ms=max(1, int(self.settings.demand_poll_s * 1000)),
+            )
+            self.on_demand = OnDemand(self.context, redis, self, self._demand_reader)
 
     def _dispatcher(self, slot: ModelSlot) -> Dispatcher:
         assert self.context is not None and self._reader is not None
@@ -427,6 +433,8 @@ class Worker:
                 await group.reads.aclose()
         if self._control_reader is not None:
             await self._control_reader.aclose()
+        if self._demand_reader is not None:
+            await self._demand_reader.aclose()
         for slot in self.slots.values():
             slot.close()
         if self._metrics_server is not None:
