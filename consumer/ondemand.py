@@ -39,6 +39,7 @@ from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 import structlog
+from redis.commands.core import AsyncScript
 
 from consumer.budget import MIB, Held, LoadBudget
 from consumer.context import WorkerContext
@@ -59,8 +60,25 @@ LOAD_CLAIM_MS = 120_000
 mid-load frees the claim after this)."""
 SNAPSHOT_FRESH_MS = 5_000
 """A published backlog snapshot older than this is not used (its publisher is gone)."""
+UNLOADED_RECHECK_S = 5.0
+"""For this long after unloading a model, the worker reads that model's streams itself at each
+look instead of trusting the snapshot: gateways still route to it from advertisements up to a
+refresh old (so send no hint), and the snapshot is up to an interval old."""
 RETRY_FAILED_S = 30.0
 """A model whose load failed is tried again after this long (its folder may be fixed)."""
+CLAIM_SCRIPT = """
+-- KEYS[1]: the model's load claim. ARGV[1]: this worker, ARGV[2]: TTL (ms), ARGV[3]: '1' when
+-- no live worker holds the model. 1 when claimed, 0 when another worker's claim stands.
+-- A claim is 'loading:{worker}' during a load, then '{worker}' for the load-after cool-down;
+-- the cool-down gives a new holder time to catch up, so it does not apply when nobody holds
+-- the model (an LRU unload right after a load must not leave the model's requests waiting).
+local held = redis.call('GET', KEYS[1])
+if held and (ARGV[3] ~= '1' or string.sub(held, 1, 8) == 'loading:') then
+  return 0
+end
+redis.call('SET', KEYS[1], 'loading:' .. ARGV[1], 'PX', ARGV[2])
+return 1
+"""
 _ERRORS: tuple[type[BaseException], ...] = (*RETRYABLE, LagError)
 
 
@@ -116,6 +134,8 @@ class OnDemand:
         """Model -> resident bytes its last load added (kept after an unload: the estimate for
         the next load of it)."""
         self._failed_at: dict[str, float] = {}
+        self._unloaded_at: dict[str, float] = {}
+        self._claim_script: AsyncScript = redis.register_script(CLAIM_SCRIPT)
         self._hints = hints
         self._hint_id = "$"
         self._hinted: set[str] = set()
@@ -153,14 +173,15 @@ class OnDemand:
         for name in sorted(waiting, key=lambda n: -waiting[n]):
             if holders is None:
                 holders = await self._holders()
-            if name in holders:
+            held = name in holders
+            if held:
                 waited = await self._oldest_unread_ms(name, candidates[name])
                 if waited < self._load_after_ms:
                     continue
                 reason = f"its oldest request waited {waited} ms on the workers that hold it"
             else:
                 reason = "no live worker holds it"
-            if await self._claim(name):
+            if await self._claim(name, nobody_holds=not held):
                 await self.load(name, reason)
                 return
 
@@ -197,6 +218,7 @@ class OnDemand:
 
     async def unload(self, name: str, reason: str) -> None:
         await self._host.unload_model(name, reason)
+        self._unloaded_at[name] = time.monotonic()
 
     # -- demand ---
 
@@ -234,20 +256,29 @@ class OnDemand:
 
     async def _waiting(self, candidates: Mapping[str, int]) -> dict[str, int]:
         """Of ``candidates``, those with unread entries: name -> how many."""
-        snapshot = await read_snapshot(self._redis, self._keys)
+        now = time.monotonic()
+        self._unloaded_at = {
+            n: t for n, t in self._unloaded_at.items() if now - t < UNLOADED_RECHECK_S
+        }
+        # Read directly: models unloaded here just now (requests routed to them since may not
+        # be in the snapshot yet), and those the snapshot lacks (none fresh, or one taken
+        # before the model was advertised).
+        direct = set(self._unloaded_at) & set(candidates)
         unread: dict[str, int] = {}
-        missing = set(candidates)
+        seen: set[str] = set()
+        snapshot = await read_snapshot(self._redis, self._keys)
         if snapshot is not None and snapshot.fresh(self._ctx.clock.now_ms(), SNAPSHOT_FRESH_MS):
             for row in snapshot.lanes:
-                if row.model in candidates:
+                if row.model in candidates and row.model not in direct:
                     unread[row.model] = unread.get(row.model, 0) + row.lag
-                    missing.discard(row.model)
-        if missing:  # no fresh snapshot, or one taken before the model was advertised
+                    seen.add(row.model)
+        direct |= set(candidates) - seen
+        if direct:
             backlog = await collect(
                 self._redis,
                 self._keys,
                 self._ctx.clock.now_ms,
-                models={n: candidates[n] for n in sorted(missing)},
+                models={n: candidates[n] for n in sorted(direct)},
                 detail=False,
             )
             for name, totals in backlog.by_model().items():
@@ -306,16 +337,15 @@ class OnDemand:
 
     # -- claims and the budget -----------------------------------------------------------------
 
-    async def _claim(self, name: str) -> bool:
-        return bool(
-            await self._redis.set(self._keys.load_claim(name), self._me, nx=True, px=LOAD_CLAIM_MS)
-        )
+    async def _claim(self, name: str, *, nobody_holds: bool) -> bool:
+        args = [self._me, LOAD_CLAIM_MS, "1" if nobody_holds else "0"]
+        return bool(await self._claim_script(keys=[self._keys.load_claim(name)], args=args))
 
     async def _cool_down(self, name: str) -> None:
         """Keep the claim for ``load_after_ms`` more: the time this worker gets to catch up on
         the model's backlog before another worker may add capacity for it."""
         if self._load_after_ms > 0:
-            await self._redis.pexpire(self._keys.load_claim(name), self._load_after_ms)
+            await self._redis.set(self._keys.load_claim(name), self._me, px=self._load_after_ms)
         else:
             await self._release(name)
 
