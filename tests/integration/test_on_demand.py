@@ -2,7 +2,8 @@
 redis-server: a worker under ``--max-loaded-models 2`` serves three real models in turn and
 unloads the least recently used; a loadable model is described and waited for, never refused;
 two workers share four models, each model staying on the worker that holds it while that
-worker keeps up, and a second worker loads a model whose backlog waits too long."""
+worker keeps up, and a second worker loads a model whose backlog waits too long; canary, hot
+swap and unload apply to a model loaded on demand; a model idle past the limit is unloaded."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import DIGITS
-from tests.integration.test_model_control import digits_body
+from tests.integration.test_model_control import TOKEN, admin, digits_body, make_repo
 from tests.support import Stack, WorkerThread, sim_body, wait_until, write_simulated_model
 
 MODELS = DIGITS.parent
@@ -185,3 +186,59 @@ def test_two_workers_four_models_each_stays_on_its_holder_until_its_backlog_wait
         for w in s.workers
     ]
     assert sum(ran) == 40 and min(ran) > 0
+
+
+@pytest.fixture
+def policy_stack(redis_url: str, namespace: str, tmp_path: Path) -> Iterator[Stack]:
+    """digits as versions 1 and 2 (the config serves 1), one on-demand worker, and a gateway
+    with the admin token."""
+    started: list[Any] = []
+    s = Stack(redis_url, namespace, make_repo(tmp_path, ["1", "2"]), started)
+    s.add_worker(load="on-demand", demand_poll_s=0.05, retire_after_s=0.5)
+    s.start_gateway(admin_token=TOKEN)
+    yield s
+    for thing in reversed(started):
+        thing.stop()
+
+
+def versions_answering(s: Stack, n: int) -> set[str]:
+    return {s.infer("digits", digits_body(i), **FRESH).json()["model_version"] for i in range(n)}
+
+
+def test_canary_hot_swap_and_unload_apply_to_a_model_loaded_on_demand(policy_stack):
+    s = policy_stack
+    (w,) = s.workers
+    with s.client() as c:
+        wait_until(lambda: c.get("/v2/models/digits").status_code == 200, what="digits described")
+    # A canary committed while no worker holds the model: checked against the repository, not
+    # loaded; the load its first request brings serves it.
+    r = admin(s, "/v2/repository/models/digits/load", {"parameters": {"weights": {"1": 1, "2": 1}}})
+    assert r.status_code == 200, r.text
+    assert "digits" not in w.worker.slots
+    assert versions_answering(s, 40) == {"1", "2"}
+    assert sorted(w.worker.slots["digits"].model.backends) == ["1", "2"]
+    # A hot swap of the held model: the usual prepare and commit.
+    r = admin(s, "/v2/repository/models/digits/load", {"parameters": {"version": "2"}})
+    assert r.status_code == 200, r.text
+    assert versions_answering(s, 10) == {"2"}
+    # An administrator's unload gives the model up on this worker, counted as such.
+    r = admin(s, "/v2/repository/models/digits/unload")
+    assert r.status_code == 200, r.text
+    wait_until(lambda: "digits" not in w.worker.slots, what="digits to be unloaded")
+    assert counter(w, "inferq_worker_model_unloads_total", model="digits", reason="control") == 1
+    assert s.infer("digits", digits_body(0)).status_code == 503
+    # Loaded again: as its repository config says (version 1), on the next request.
+    r = admin(s, "/v2/repository/models/digits/load")
+    assert r.status_code == 200, r.text
+    assert versions_answering(s, 5) == {"1"}
+    assert counter(w, "inferq_worker_model_loads_total", model="digits") == 2
+
+
+def test_a_model_idle_past_the_limit_is_unloaded_and_loaded_again_when_asked(on_demand, real_repo):
+    s = on_demand(real_repo, unload_idle_s=0.3)
+    (w,) = s.workers
+    assert label(s.infer("digits", digits_body(1))) == LABELS[1]
+    wait_until(lambda: "digits" not in w.worker.slots, what="digits to idle out")
+    assert counter(w, "inferq_worker_model_unloads_total", model="digits", reason="idle") == 1
+    assert label(s.infer("digits", digits_body(2), **FRESH)) == LABELS[2]
+    assert counter(w, "inferq_worker_model_loads_total", model="digits") == 2
