@@ -98,6 +98,7 @@ class Worker:
         self._redis: aioredis.Redis | None = None
         self._control_reader: BlockingReads | None = None
         self._demand_reader: BlockingReads | None = None
+        self._unloading: set[str] = set()
         self.context: WorkerContext | None = None
         """What every part shares (built at start, once Redis is connected)."""
         self.control: ModelControl | None = None
@@ -496,7 +497,11 @@ class Worker:
         }
 
     def held(self) -> dict[str, tuple[float, bool]]:
-        return {name: (slot.used_at, slot.idle) for name, slot in self.slots.items()}
+        return {
+            name: (slot.used_at, slot.idle)
+            for name, slot in self.slots.items()
+            if name not in self._unloading
+        }
 
     async def load_on_demand(self, name: str) -> bool:
         """Load and serve the model as its committed policy says (else its config); False when
@@ -525,8 +530,16 @@ class Worker:
         for the workers that hold it, or the next load."""
         assert self._reader is not None
         slot = self.slots.get(name)
-        if slot is None:
-            return
+        if slot is None or name in self._unloading:
+            return  # not held, or already being unloaded (budget and control at once)
+        self._unloading.add(name)
+        try:
+            await self._unload(name, slot, reason)
+        finally:
+            self._unloading.discard(name)
+
+    async def _unload(self, name: str, slot: ModelSlot, reason: str) -> None:
+        assert self._reader is not None
         slot.stop_reading()
         timeout_s = self.settings.drain_timeout_s
         await self._reader.release(slot.streams, timeout_s)
