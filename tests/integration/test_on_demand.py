@@ -242,3 +242,24 @@ def test_a_model_idle_past_the_limit_is_unloaded_and_loaded_again_when_asked(on_
     assert counter(w, "inferq_worker_model_unloads_total", model="digits", reason="idle") == 1
     assert label(s.infer("digits", digits_body(2), **FRESH)) == LABELS[2]
     assert counter(w, "inferq_worker_model_loads_total", model="digits") == 2
+
+
+def test_on_one_redis_and_on_a_cluster_two_models_take_turns_under_a_budget_of_one(
+    either_redis, namespace, tmp_path
+):
+    repo = tmp_path / "models"
+    write_simulated_model(repo, "a", base_ms=1, per_row_ms=0, max_batch=8)
+    write_simulated_model(repo, "b", base_ms=1, per_row_ms=0, max_batch=8, partitions=2)
+    started: list[Any] = []
+    s = Stack(either_redis.url, namespace, repo, started)
+    try:
+        w = s.add_worker(load="on-demand", demand_poll_s=0.05, max_loaded_models=1)
+        s.start_gateway()
+        for round_ in range(3):
+            for name in ("a", "b"):
+                assert answers(s, name, [float(round_)] * 3) == [4.0 * round_] * 3
+                assert set(w.worker.slots) == {name}
+        assert counter(w, "inferq_worker_model_loads_total", model="b") == 3
+    finally:
+        for thing in reversed(started):
+            thing.stop()
