@@ -58,6 +58,13 @@ class Advertiser:
         pipe.zadd(self._keys.workers, {info.id: self._clock.now_ms() + self._ttl_ms})
         if info.models:
             pipe.hset(self._keys.models, mapping={m.name: m.encode() for m in info.models})
+        if info.on_demand:
+            # Loadable models are known before any worker serves them: gateways describe them,
+            # and the backlog snapshot covers their streams (what on-demand loads go by).
+            served = {m.name for m in info.models}
+            for r in info.repository:
+                if r.metadata is not None and r.name not in served:
+                    pipe.hsetnx(self._keys.models, r.name, r.metadata.encode())
         # Forget workers that died without withdrawing, long after anyone could count them.
         pipe.zremrangebyscore(self._keys.workers, "-inf", self._clock.now_ms() - 10 * self._ttl_ms)
         await pipe.execute()

@@ -60,6 +60,14 @@ class ModelHost(Protocol):
     async def republish(self) -> None:
         """Advertise what the models serve now."""
 
+    @property
+    def loads_on_demand(self) -> bool:
+        """Models not served here load when requests wait (``consumer.ondemand``), not for a
+        PREPARE: a change to one is checked against the repository and left to that load."""
+
+    async def unload_model(self, name: str, reason: str) -> None:
+        """Stop serving the model and unload it (an on-demand worker's unload)."""
+
 
 RECENT_COMMANDS = 200
 """How far back a starting worker looks for a change in progress (commands are few)."""
@@ -197,8 +205,14 @@ class ModelControl:
         model = self._models.model(command.model)
         try:
             if model is None:
-                if self._host.may_load(command.model):
+                if not self._host.may_load(command.model):
+                    return
+                if self._host.loads_on_demand:
+                    await self._defer(command)
+                else:
                     await self._handle_new(command)
+            elif command.op is Op.COMMIT and self._unloads_here(command.policy):
+                await self._unload_on_demand(model, command.policy)
             elif command.op is Op.PREPARE:
                 await self._prepare(model, command)
             elif command.op is Op.COMMIT:
@@ -207,6 +221,81 @@ class ModelControl:
                 await self._abort(model, command.policy)
         except RETRYABLE as e:
             log.warning("control command not fully applied", op=command.op, error=str(e))
+
+    # -- on demand ----------------------------------------------------------------------------
+
+    async def committed_policy(self, name: str) -> VersionPolicy | None:
+        """The model's committed policy now (None: its repository config decides)."""
+        raw: Any = await self._redis.hget(self._keys.policies, name)
+        if raw is None:
+            return None
+        try:
+            return VersionPolicy.decode(raw)
+        except ProtocolError as e:
+            _ignored_policy(name, e)
+            return None
+
+    async def serving(self, model: ServedModel, generation: int) -> None:
+        """A model loaded on demand, as of the policy of ``generation``. A change committed
+        while it loaded is applied now (its COMMIT found the model not served yet)."""
+        self._generation[model.name] = max(generation, self._generation.get(model.name, 0))
+        newer = await self.committed_policy(model.name)
+        if newer is not None and newer.generation > generation:
+            self._generation[model.name] = generation
+            if newer.loaded:
+                await self._commit(model, newer)
+                return
+            await self._unload_on_demand(model, newer)
+            return
+        await self._report(self._line(model, generation), "")
+
+    def _unloads_here(self, policy: VersionPolicy) -> bool:
+        """An unload of a model this worker holds that it gives up (on demand) rather than
+        keeping it loaded with nothing routed to it."""
+        return self._host.loads_on_demand and not policy.loaded
+
+    async def _defer(self, command: Command) -> None:
+        """A change to a model this on-demand worker does not hold: a PREPARE is answered
+        from the repository (the versions it names have folders and the config loads) without
+        loading; the load that requests bring applies the committed policy."""
+        name, policy = command.model, command.policy
+        if command.op is Op.COMMIT:
+            self._generation[name] = max(policy.generation, self._generation.get(name, 0))
+            return
+        if command.op is not Op.PREPARE:
+            return
+        started = time.perf_counter()
+        try:
+            config = await asyncio.to_thread(
+                load_config, self._repository, name, policy if policy.versions else None
+            )
+        except RepositoryError as e:
+            await self._report_new_failure(name, policy, e, started, command.reply_to)
+            return
+        report = LoadReport(
+            self.worker_id,
+            name,
+            policy.generation,
+            True,
+            config.versions,
+            load_ms=0.0,
+            updated_ms=self._now_ms(),
+            weights=config.weights,
+        )
+        await self._report(report, command.reply_to)
+
+    async def _unload_on_demand(self, model: ServedModel, policy: VersionPolicy) -> None:
+        """An administrator's unload of a model this on-demand worker holds: it stops serving
+        it (reason ``control``) rather than holding a model nothing may be routed to."""
+        if policy.generation <= self._generation.get(model.name, -1):
+            return
+        self._generation[model.name] = policy.generation
+        self._prepared.pop(model.name, None)
+        await self._host.unload_model(model.name, "control")
+        report = LoadReport(
+            self.worker_id, model.name, policy.generation, True, (), updated_ms=self._now_ms()
+        )
+        await self._report(report, "")
 
     # -- a model not served here yet ---------------------------------------------------------
 

@@ -47,6 +47,10 @@ class Ledger:
     def __contains__(self, entry: object) -> bool:
         return entry in self._held
 
+    def holds_any(self, streams: set[str]) -> bool:
+        """Whether an entry of one of ``streams`` is still held (a model being unloaded)."""
+        return any(stream in streams for stream, _ in self._held)
+
     def stage(self, entry: Entry) -> Stage | None:
         held = self._held.get(entry)
         return None if held is None else held.stage

@@ -31,6 +31,8 @@ once, with its help text and fixed label names. Who calls what:
 - ``Worker.start``, for a model whose committed policy it cannot serve (a version the policy
   names has no folder, or does not load) and serves as its repository config says instead:
   ``observe_policy_fallback(model)``.
+- ``OnDemand`` (``--load on-demand``), per load: ``observe_load(model, seconds, resident_bytes)``;
+  per unload: ``observe_unload(model, reason)`` (reason: budget, idle or control).
 
 Queue wait is measured on the Redis clock (gateway ``enqueued_ms`` to worker read), so host
 clock skew does not enter it; the other stages use this process's monotonic clock.
@@ -38,6 +40,7 @@ clock skew does not enter it; the other stages use this process's monotonic cloc
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from wsgiref.simple_server import WSGIServer
@@ -51,6 +54,14 @@ from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, RuntimeGauges, new_r
 RESULT_STATUSES = ("ok", "invalid", "failed")
 """Values of the ``status`` label of ``inferq_worker_requests_total`` (``protocol.messages.Status``
 less ``expired``, which has its own counter); else ``other``."""
+
+UNLOAD_REASONS = ("budget", "idle", "control")
+"""Values of the ``reason`` label of ``inferq_worker_model_unloads_total``: ``budget``, to make
+room under ``--max-loaded-models`` or ``--max-model-memory-mib``; ``idle``, after
+``--unload-idle-s`` without a request; ``control``, an administrator's unload."""
+
+LOAD_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+"""Model load seconds: a small ONNX graph loads in milliseconds, a large model in a minute."""
 
 DEAD_LETTER_REASONS = ("undecodable", "poison")
 """``undecodable``: not a request message; ``poison``: delivered ``--max-deliveries`` times
@@ -180,6 +191,39 @@ class WorkerMetrics:
             model,
             registry=r,
         )
+        self.loads = Counter(
+            "inferq_worker_model_loads_total",
+            "Models this worker loaded on demand (--load on-demand), by model.",
+            model,
+            registry=r,
+        )
+        self.unloads = Counter(
+            "inferq_worker_model_unloads_total",
+            "Models this worker unloaded, by model and reason: budget (to make room under "
+            "--max-loaded-models or --max-model-memory-mib), idle (--unload-idle-s), control (an "
+            "administrator's unload).",
+            ["model", "reason"],
+            registry=r,
+        )
+        self.load_seconds = Histogram(
+            "inferq_worker_model_load_seconds",
+            "Seconds an on-demand load took (every version loaded and warmed), by model.",
+            model,
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.loaded_models = Gauge(
+            "inferq_worker_loaded_models",
+            "Models this worker holds loaded now.",
+            registry=r,
+        )
+        self.resident_bytes = Gauge(
+            "inferq_worker_model_resident_bytes",
+            "Resident memory each loaded model added to this worker when it loaded (RSS "
+            "delta), by model; what --max-model-memory-mib counts.",
+            model,
+            registry=r,
+        )
         self.runtime = RuntimeGauges(r)
         self.held = Gauge(
             "inferq_worker_held_entries",
@@ -255,6 +299,20 @@ class WorkerMetrics:
 
     def observe_policy_fallback(self, model: str) -> None:
         self.policy_fallbacks.labels(model).inc()
+
+    def track_loaded(self, count: Callable[[], int]) -> None:
+        """Read the loaded-model count at scrape time."""
+        self.loaded_models.set_function(count)
+
+    def observe_load(self, model: str, seconds: float, resident_bytes: int) -> None:
+        self.loads.labels(model).inc()
+        self.load_seconds.labels(model).observe(max(0.0, seconds))
+        self.resident_bytes.labels(model).set(resident_bytes)
+
+    def observe_unload(self, model: str, reason: str) -> None:
+        self.unloads.labels(model, _one_of(reason, UNLOAD_REASONS)).inc()
+        with contextlib.suppress(KeyError):  # loaded at start: never measured
+            self.resident_bytes.remove(model)
 
     def observe_write_failure(self, model: str, reason: str) -> None:
         self.write_failures.labels(model, _one_of(reason, WRITE_FAILURE_REASONS)).inc()

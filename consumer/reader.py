@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +98,30 @@ class Reader:
         on (a read blocked without them is woken by ``wake``)."""
         group.streams = group.streams | frozenset(streams)
         self.wake()
+
+    async def release(self, streams: Collection[str], timeout_s: float) -> None:
+        """A model being unloaded (its slot asks for nothing more): once no read in flight
+        names ``streams`` (a blocked one is woken, and what it returns is queued as usual), the
+        groups stop covering them. Up to ``timeout_s``."""
+        gone = frozenset(streams)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            busy = [
+                g
+                for g in self.groups
+                if not g.read_done.is_set()
+                and g.streams & gone
+                and (g.blocking_on is None or g.blocking_on & gone)
+            ]
+            if not busy:
+                break
+            for group in busy:
+                if group.blocking_on is not None and group.blocking_on & gone:
+                    await self._unblock(group)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(busy[0].read_done.wait(), 0.05)
+        for group in self.groups:
+            group.streams = group.streams - gone
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.argtypes import non_negative_float, port_or_off, positive_int
+from protocol.argtypes import non_negative_float, non_negative_int, port_or_off, positive_int
 from protocol.options import option
 from runtime.settings import DEFAULT_HOST, ConnectionSettings
 
@@ -22,6 +22,8 @@ the gateway's 8000 (HTTP) and 8001 (gRPC) that inferq already shares with Triton
 9100-9999, the range Prometheus' list of default port allocations gives to exporters (9100 is
 node_exporter's, on nearly every monitored host), since a worker often runs beside them."""
 DEVICES = ("cpu", "cuda")
+LOAD_MODES = ("start", "on-demand")
+"""``--load``: every model at start (the default), or each when requests for it wait."""
 
 
 def default_worker_id() -> str:
@@ -139,3 +141,50 @@ class WorkerSettings(ConnectionSettings):
         help="after a model version change, how long dropped versions still answer requests "
         "routed to them before it",
     )
+    load: str = option(
+        "start",
+        flag="--load",
+        env="INFERQ_LOAD",
+        choices=LOAD_MODES,
+        help="when models load: `start` loads every model served at start; `on-demand` loads "
+        "none and loads a model of the repository (or of --models) when requests for it wait "
+        "(docs/on-demand.md)",
+    )
+    max_loaded_models: int = option(
+        0,
+        flag="--max-loaded-models",
+        env="INFERQ_MAX_LOADED_MODELS",
+        parse=non_negative_int,
+        help="on demand: most models held at once; loading one more unloads the least recently "
+        "used first (0: no limit)",
+    )
+    max_model_memory_mib: float = option(
+        0.0,
+        flag="--max-model-memory-mib",
+        env="INFERQ_MAX_MODEL_MEMORY_MIB",
+        parse=non_negative_float,
+        help="on demand: most resident memory the loaded models may hold, as measured at each "
+        "load; the least recently used are unloaded to make room (0: no limit)",
+    )
+    load_after_ms: int = option(
+        2000,
+        flag="--load-after-ms",
+        env="INFERQ_LOAD_AFTER_MS",
+        parse=non_negative_int,
+        help="on demand: load a model another worker already holds only once its oldest unread "
+        "request has waited this long (a model nobody holds loads at once)",
+    )
+    unload_idle_s: float = option(
+        0.0,
+        flag="--unload-idle-s",
+        env="INFERQ_UNLOAD_IDLE_S",
+        parse=non_negative_float,
+        help="on demand: unload a model that ran no request for this long (0: never)",
+    )
+    demand_poll_s: float = 0.25
+    """On demand: how often the worker looks for requests waiting for a model it does not hold
+    (one GET of the published backlog snapshot while it is fresh)."""
+
+    @property
+    def on_demand(self) -> bool:
+        return self.load == "on-demand"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -82,6 +83,10 @@ class ModelSlot:
         self._idle = asyncio.Event()
         """Set while nothing is queued or running: what a drain waits for."""
         self._idle.set()
+        self.used_at = time.monotonic()
+        """When a request for it was last queued (monotonic; its load until then): what
+        unloading the least recently used model goes by."""
+        self._closing = False
 
     # -- what the reader asks and records ------------------------------------------------------
 
@@ -89,6 +94,8 @@ class ModelSlot:
         """Entries to ask for: enough to fill the next batch. Per lane, only what is queued in
         that lane and above counts, so a worker full of background jobs still reads the
         synchronous lanes."""
+        if self._closing:
+            return 0
         q = self._queue
         rows = q.rows if lane is None else q.rows_through(lane)
         return max(0, self.model.max_batch - rows)
@@ -114,6 +121,7 @@ class ModelSlot:
     def enqueue(self, queued: Queued[Delivery]) -> None:
         """Queue a delivery for a batch (read, claimed, or a job put back)."""
         self._idle.clear()
+        self.used_at = time.monotonic()
         self._queue.push(queued)
 
     def read_blocking(self, group: str) -> None:
@@ -222,6 +230,16 @@ class ModelSlot:
         """Versions that requests queued here (not yet running) were routed to."""
         return {q.item.request.version for q in self._queue}
 
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or running (as of the dispatcher's last look)."""
+        return self._idle.is_set() and not self._busy
+
+    def stop_reading(self) -> None:
+        """Being unloaded: ask the reader for nothing more of it (what is queued still runs)."""
+        self._closing = True
+        self._changed.set()
+
     async def wait_idle(self) -> None:
         """Until nothing is queued or running (a drain, with ``notify`` to wake the
         dispatcher)."""
@@ -241,6 +259,9 @@ class ModelSlots:
 
     def add(self, slot: ModelSlot) -> None:
         self._slots[slot.model.name] = slot
+
+    def remove(self, name: str) -> ModelSlot:
+        return self._slots.pop(name)
 
     def __getitem__(self, name: str) -> ModelSlot:
         return self._slots[name]

@@ -25,6 +25,7 @@ from consumer.dispatcher import Dispatcher
 from consumer.ledger import Ledger
 from consumer.metrics import MetricsServer, WorkerMetrics
 from consumer.model import ServedModel
+from consumer.ondemand import OnDemand
 from consumer.outgoing import Outcomes
 from consumer.reader import Reader, ReadGroup
 from consumer.reclaimer import Reclaimer
@@ -43,7 +44,7 @@ from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
 from protocol.jobs import TRANSITION_SCRIPT
 from protocol.keys import Keys, hash_tag, is_valid_name
-from protocol.registry import WorkerInfo
+from protocol.registry import RepositoryModel, WorkerInfo
 from runtime import tracing
 from runtime.broker import Broker, Script, connect
 from runtime.connections import RedisClock, redact
@@ -98,6 +99,8 @@ class Worker:
         self.broker: Broker | None = None
         self._redis: aioredis.Redis | None = None
         self._control_reader: BlockingReads | None = None
+        self._demand_reader: BlockingReads | None = None
+        self._unloading: set[str] = set()
         self.context: WorkerContext | None = None
         """What every part shares (built at start, once Redis is connected)."""
         self.control: ModelControl | None = None
@@ -105,6 +108,10 @@ class Worker:
         self._reader: Reader | None = None
         self._advertiser: Advertiser | None = None
         self.reclaimer: Reclaimer | None = None
+        self.on_demand: OnDemand | None = None
+        """Loads models when requests for them wait (``--load on-demand``); None otherwise."""
+        self._listing: tuple[RepositoryModel, ...] = ()
+        """The repository as last scanned (each heartbeat): what may be loaded on demand."""
 
     @property
     def holding(self) -> int:
@@ -171,8 +178,11 @@ class Worker:
         self.started.set()
 
     def _read_configs(self) -> dict[str, ModelConfig]:
-        """Check every config before touching Redis: a typo is reported as such, at once."""
+        """Check every config before touching Redis: a typo is reported as such, at once. On
+        demand, none is loaded at start (each is checked when it loads)."""
         s = self.settings
+        if s.on_demand:
+            return {}
         names = list(s.models) or list_models(s.model_repository)
         if not names:
             raise RuntimeError(f"no models to serve in {s.model_repository}")
@@ -272,7 +282,7 @@ class Worker:
                 self._skip(n, e)
                 continue
             self.slots.add(ModelSlot(model, self.keys))
-        if not self.slots:
+        if not self.slots and not self.settings.on_demand:
             raise RuntimeError(
                 f"none of the models in {self.settings.model_repository} could be loaded: "
                 + "; ".join(f"{n}: {why}" for n, why in self.skipped.items())
@@ -342,6 +352,7 @@ class Worker:
         s = self.settings
         self.metrics.set_info(self.id)
         self.metrics.track_held(lambda: self.holding)
+        self.metrics.track_loaded(lambda: len(self.slots))
         if not s.metrics_port:
             return
         self._metrics_server = MetricsServer(self.metrics.registry, s.metrics_port, s.metrics_host)
@@ -367,6 +378,13 @@ class Worker:
         )
         assert self.broker is not None
         self.reclaimer = Reclaimer(self.context, self.broker, self._reader)
+        if self.settings.on_demand:
+            self._demand_reader = self.broker.blocking_reads(
+                self.keys.demand,
+                name=f"inferq-worker-demand-{self.id}",
+                block_ms=max(1, int(self.settings.demand_poll_s * 1000)),
+            )
+            self.on_demand = OnDemand(self.context, redis, self, self._demand_reader)
 
     def _dispatcher(self, slot: ModelSlot) -> Dispatcher:
         assert self.context is not None and self._reader is not None
@@ -383,7 +401,8 @@ class Worker:
         assert self._writer and self._reader and self._advertiser and self.control
         assert self.reclaimer is not None
         self.loops.spawn("writer", self._writer.run())
-        self.loops.spawn("reader", self._reader.run())
+        if self._reader.groups:  # else each model loaded later brings its group and loop
+            self.loops.spawn("reader", self._reader.run())
         for slot in self.slots.values():
             self.loops.spawn(f"dispatch-{slot.model.name}", self._dispatcher(slot).run())
         self.loops.spawn("heartbeat", self._advertiser.run())
@@ -397,6 +416,8 @@ class Worker:
             bound_s=self.settings.redis_wedge_s,
         )
         self.loops.spawn(WEDGE_WATCH, self.wedge.run())
+        if self.on_demand is not None:
+            self.loops.spawn("on-demand", self.on_demand.run())
         self.metrics.runtime.track_loops(self.loops.health)
         self.metrics.runtime.track_pool(self.broker.pool_counts)
         self._serving = True
@@ -424,6 +445,8 @@ class Worker:
                 await group.reads.aclose()
         if self._control_reader is not None:
             await self._control_reader.aclose()
+        if self._demand_reader is not None:
+            await self._demand_reader.aclose()
         for slot in self.slots.values():
             slot.close()
         if self._metrics_server is not None:
@@ -450,7 +473,7 @@ class Worker:
     async def _describe(self) -> WorkerInfo:
         """This worker's advertisement now: what it serves, and what its repository holds
         (rescanned; cheap when nothing changed, see ``RepositoryScan``)."""
-        listing = await asyncio.to_thread(self.repository.scan)
+        listing = self._listing = await asyncio.to_thread(self.repository.scan)
         # A model that failed at start says why (its config may be fine: a missing package).
         held = tuple(
             replace(m, error=self.skipped[m.name])
@@ -466,7 +489,85 @@ class Worker:
             models=tuple(model.metadata() for model in self.slots.models()),
             repository=held,
             fallbacks=self.control.fallback_generations() if self.control is not None else {},
+            on_demand=self.settings.on_demand,
         )
+
+    # -- on demand (consumer.ondemand's host) ---------------------------------------------------
+
+    @property
+    def loads_on_demand(self) -> bool:
+        return self.settings.on_demand
+
+    def loadable(self) -> dict[str, int]:
+        """Models of the repository (or of ``--models``) this worker may load and does not
+        hold: name -> partitions."""
+        return {
+            m.name: m.metadata.partitions
+            for m in self._listing
+            if m.metadata is not None and m.name not in self.slots
+        }
+
+    def held(self) -> dict[str, tuple[float, bool]]:
+        return {
+            name: (slot.used_at, slot.idle)
+            for name, slot in self.slots.items()
+            if name not in self._unloading
+        }
+
+    async def load_on_demand(self, name: str) -> bool:
+        """Load and serve the model as its committed policy says (else its config); False when
+        it cannot be (an administrator unloaded it, or its load failed: logged, and said in the
+        advertisement like a model skipped at start)."""
+        assert self.control is not None
+        policy = await self.control.committed_policy(name)
+        if policy is not None and not policy.loaded:
+            return False
+        try:
+            config = await asyncio.to_thread(load_config, self.settings.model_repository, name)
+            model = await self._start_model(config, policy)
+        except Exception as e:  # a model file can fail to load in any way: report, go on
+            known = isinstance(e, RepositoryError | BackendError)
+            self.skipped[name] = str(e) if known else f"{type(e).__name__}: {e}"
+            log.error("model load on demand failed", model=name, error=self.skipped[name])
+            return False
+        await self.add_model(model)
+        await self.control.serving(model, 0 if policy is None else policy.generation)
+        return True
+
+    async def unload_model(self, name: str, reason: str) -> None:
+        """Stop serving a model: the reader asks for none of its entries from now on, what
+        this worker holds of it runs and is acknowledged (up to the drain timeout), then its
+        dispatcher stops and it is unloaded. Entries still queued in its streams stay there
+        for the workers that hold it, or the next load."""
+        assert self._reader is not None
+        slot = self.slots.get(name)
+        if slot is None or name in self._unloading:
+            return  # not held, or already being unloaded (budget and control at once)
+        self._unloading.add(name)
+        try:
+            await self._unload(name, slot, reason)
+        finally:
+            self._unloading.discard(name)
+
+    async def _unload(self, name: str, slot: ModelSlot, reason: str) -> None:
+        assert self._reader is not None
+        slot.stop_reading()
+        timeout_s = self.settings.drain_timeout_s
+        await self._reader.release(slot.streams, timeout_s)
+        mine = set(slot.streams)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):
+                slot.notify()
+                await slot.wait_idle()
+                # Acknowledged, not just answered: a rare wait with no event of its own.
+                while self.ledger.holds_any(mine):  # noqa: ASYNC110
+                    await asyncio.sleep(0.01)
+        await self.loops.cancel([f"dispatch-{name}"])
+        self.slots.remove(name)
+        await asyncio.to_thread(slot.close)
+        self.metrics.observe_unload(name, reason)
+        await self.republish()
+        log.info("model unloaded", model=name, reason=reason)
 
     async def republish(self) -> None:
         """Advertise what the models serve now (after a version change)."""

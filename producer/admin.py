@@ -312,7 +312,8 @@ class ModelAdmin:
         while time.monotonic() < deadline:
             await self.registry.refresh()
             entry = self.registry.models.get(model)
-            if entry is not None and entry.ready:
+            # On-demand workers load it when a request comes: that is served too.
+            if entry is not None and entry.state in ("ready", "loadable"):
                 if versions is None or entry.metadata.versions == versions:
                     return
             await asyncio.sleep(_POLL_S)

@@ -109,7 +109,7 @@ async def model_ready(request: Request) -> Response:
     )
     ok = entry.ready
     return JSONResponse(
-        {"name": entry.metadata.name, "version": version, "ready": ok},
+        {"name": entry.metadata.name, "version": version, "ready": ok, "state": entry.state},
         status_code=200 if ok else 503,
     )
 

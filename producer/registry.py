@@ -58,6 +58,9 @@ class ModelEntry:
     """Every live worker serving the model could not serve the committed policy (a version it
     names has no folder, or does not load) and serves the repository config's versions: the
     gateway routes by what they serve, not by the stale policy."""
+    loadable: int = 0
+    """Live on-demand workers (``--load on-demand``) that load it when requests for it wait:
+    with none serving it, a request is queued and waits for a load within its deadline."""
 
     @property
     def unloaded(self) -> bool:
@@ -67,6 +70,17 @@ class ModelEntry:
     def ready(self) -> bool:
         """A live worker serves a version of it: requests for it are routed."""
         return self.workers > 0 and not self.unloaded and bool(self.metadata.versions)
+
+    @property
+    def state(self) -> str:
+        """``ready`` (a live worker serves it), ``loadable`` (none does, an on-demand worker
+        loads it when a request arrives), ``unloaded`` (an administrator unloaded it) or
+        ``unavailable`` (no live worker serves or may load it)."""
+        if self.unloaded:
+            return "unloaded"
+        if self.ready:
+            return "ready"
+        return "loadable" if self.loadable else "unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +149,31 @@ def merge(
         # Every worker serving it fell back from the policy: route by what they serve.
         fallback = fell_back.get(name, 0) == count
         entries[name] = _entry(meta, count, versions, policies.get(name), fallback=fallback)
+    return _with_loadable(entries, workers, policies)
+
+
+def _with_loadable(
+    entries: dict[str, ModelEntry], workers: list[WorkerInfo], policies: dict[str, VersionPolicy]
+) -> dict[str, ModelEntry]:
+    """Count, per model, the live on-demand workers that would load it; a model only they
+    can serve is described from their repository's metadata (none has loaded it yet)."""
+    loadable: dict[str, int] = {}
+    described: dict[str, tuple[int, ModelMetadata]] = {}
+    for w in workers:
+        if not w.on_demand:
+            continue
+        for r in w.repository:
+            if r.metadata is None:
+                continue
+            loadable[r.name] = loadable.get(r.name, 0) + 1
+            if w.started_ms >= described.get(r.name, (-1, r.metadata))[0]:
+                described[r.name] = (w.started_ms, r.metadata)
+    for name, count in loadable.items():
+        entry = entries.get(name)
+        if entry is None:
+            meta = described[name][1]
+            entry = _entry(meta, 0, set(meta.versions), policies.get(name))
+        entries[name] = replace(entry, loadable=count)
     return entries
 
 
@@ -237,10 +276,12 @@ class ModelRegistry:
 
     def on_demand(self, entry: ModelEntry) -> bool:
         """Whether a request for a model that no live worker serves is queued anyway, to wait
-        within its deadline for a worker that a scaler starts on the backlog
-        (``--workers-on-demand``): the hook by which the gateway treats such a model as
-        servable. Not for a model an administrator unloaded."""
-        return self.workers_on_demand and not entry.unloaded and bool(entry.metadata.versions)
+        within its deadline: an on-demand worker can load it (``entry.loadable``), or a scaler
+        starts workers on the backlog (``--workers-on-demand``). The one hook by which the
+        gateway treats such a model as servable. Not for a model an administrator unloaded."""
+        if entry.unloaded:
+            return False
+        return entry.loadable > 0 or (self.workers_on_demand and bool(entry.metadata.versions))
 
     def not_serving(self) -> str | None:
         """Why no request can be served (readiness' reason), or None when some model is

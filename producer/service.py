@@ -48,6 +48,7 @@ from protocol import ProtocolError
 from protocol.cachekey import digest
 from protocol.cancellation import MARK_SCRIPT, mark_args
 from protocol.deadline import deadline_after
+from protocol.demand import MAX_HINTS, encode_hint
 from protocol.keys import Keys, Lane, is_valid_name, text
 from protocol.messages import FIELD, InferRequest, InferResult, Kind, Status
 from protocol.registry import ModelMetadata
@@ -359,6 +360,7 @@ class InferenceService:
             return e
         waiter.enqueued(stream, text(entry_id), request.result_key)
         self.registry.note_queued(request.model)
+        await self._wake_loaders(request.model)
         log.debug(
             "request queued",
             component="gateway",
@@ -456,6 +458,21 @@ class InferenceService:
             service.observe(t.infer_ms / 1000, t.batch_size)
         if result.status is not Status.EXPIRED:
             self._breaker(name).record(result.status is not Status.FAILED, time.monotonic())
+
+    async def _wake_loaders(self, name: str) -> None:
+        """A request was queued for a model no live worker holds: hint the on-demand workers
+        to load it now (``protocol.demand``). Only a wake-up: when it fails they find the
+        request at their next look."""
+        entry = self.registry.models.get(name)
+        if entry is None or entry.workers or not entry.loadable:
+            return  # held, or only a scaler can bring a worker (``--workers-on-demand``)
+        hint = [x for pair in encode_hint(name).items() for x in pair]
+        try:
+            await self.pipeline.execute(
+                "XADD", self.keys.demand, "MAXLEN", "~", str(MAX_HINTS), "*", *hint
+            )
+        except RETRYABLE as e:
+            log.debug("demand hint not sent", model=name, error=str(e))
 
     async def _redis(self, *args: Any, model: str) -> Any:
         try:

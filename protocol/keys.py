@@ -308,6 +308,16 @@ class Keys:
         return f"{self._control_plane}:lock:model:{model}"
 
     @property
+    def demand(self) -> str:
+        """Demand hints for on-demand workers (``protocol.demand``)."""
+        return f"{self._control_plane}:demand"
+
+    def load_claim(self, model: str) -> str:
+        """Held (``SET NX PX``) by the on-demand worker loading the model, then for the
+        load-after interval: one worker at a time adds capacity for it (``consumer.ondemand``)."""
+        return f"{self._control_plane}:loadclaim:{model}"
+
+    @property
     def stats(self) -> str:
         return f"{self._control_plane}:stats"
 

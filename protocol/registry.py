@@ -190,6 +190,15 @@ class WorkerInfo:
     fallbacks: dict[str, int] = field(default_factory=dict)
     """Model -> generation of the committed policy it could not serve at start (a version it
     names has no folder, or does not load): it serves the repository config's instead."""
+    on_demand: bool = False
+    """It loads the models of ``repository`` (those with metadata) when requests for them wait
+    (``--load on-demand``): a request for one of them waits instead of being refused."""
+
+    def loads_on_demand(self, model: str) -> bool:
+        """Whether it would load the model for a request (it may serve it already)."""
+        return self.on_demand and any(
+            r.name == model and r.metadata is not None for r in self.repository
+        )
 
     def holds(self, model: str) -> bool:
         """Whether it serves the model or its repository holds it (a change of the model
@@ -208,12 +217,15 @@ class WorkerInfo:
                 [m.wire() for m in self.models],
                 [r.wire() for r in self.repository],
                 self.fallbacks,
+                self.on_demand,
             ]
         )
 
     @classmethod
     def decode(cls, raw: bytes) -> WorkerInfo:
-        wid, host, pid, started, models, repository, fallbacks = unpack(raw, "worker info", 7)
+        wid, host, pid, started, models, repository, fallbacks, on_demand = unpack(
+            raw, "worker info", 8
+        )
         if not isinstance(wid, str) or not isinstance(models, list):
             raise ProtocolError("worker info: invalid id or models")
         if not isinstance(host, str) or not _is_int(pid) or not _is_int(started):
@@ -222,6 +234,8 @@ class WorkerInfo:
             raise ProtocolError(f"worker info {wid}: repository must be a list")
         if not isinstance(fallbacks, dict) or not all(_is_int(g) for g in fallbacks.values()):
             raise ProtocolError(f"worker info {wid}: fallbacks must map models to generations")
+        if not isinstance(on_demand, bool):
+            raise ProtocolError(f"worker info {wid}: on_demand must be a boolean")
         return cls(
             id=wid,
             host=host,
@@ -230,4 +244,5 @@ class WorkerInfo:
             models=tuple(ModelMetadata.from_wire(m) for m in models),
             repository=tuple(RepositoryModel.from_wire(r) for r in repository),
             fallbacks=dict(fallbacks),
+            on_demand=on_demand,
         )

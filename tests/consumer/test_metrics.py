@@ -9,7 +9,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 import runtime
-from consumer.metrics import MetricsServer, WorkerMetrics
+from consumer.metrics import LOAD_BUCKETS, MetricsServer, WorkerMetrics
 from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
 
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -30,6 +30,11 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_info": ("info", ("worker", "version")),
     "inferq_worker_write_failures_total": ("counter", ("model", "reason")),
     "inferq_worker_policy_fallbacks_total": ("counter", ("model",)),
+    "inferq_worker_model_loads_total": ("counter", ("model",)),
+    "inferq_worker_model_unloads_total": ("counter", ("model", "reason")),
+    "inferq_worker_model_load_seconds": ("histogram", ("model",)),
+    "inferq_worker_loaded_models": ("gauge", ()),
+    "inferq_worker_model_resident_bytes": ("gauge", ("model",)),
 }
 RUNTIME = {
     "inferq_loop_healthy": "gauge",
@@ -42,7 +47,9 @@ RUNTIME_LABELS = {
     "inferq_redis_pool_connections": ("state",),
 }
 """Declared once in ``runtime.metrics.RuntimeGauges``, exported by gateways and workers alike."""
-LATENCY = {name for name in EXPECTED if name.endswith("_seconds")}
+LOADS = "inferq_worker_model_load_seconds"
+"""Model loads take milliseconds to minutes: buckets of their own (``LOAD_BUCKETS``)."""
+LATENCY = {name for name in EXPECTED if name.endswith("_seconds") and name != LOADS}
 COUNTS = {"inferq_worker_batch_requests", "inferq_worker_batch_rows"}
 
 
@@ -78,6 +85,9 @@ def exercise(m: WorkerMetrics) -> None:
     m.runtime.set_policy("noeviction", False)
     m.runtime.track_loops(lambda: {"reader": True})
     m.runtime.track_pool(lambda: {"in_use": 1, "idle": 7})
+    m.track_loaded(lambda: 2)
+    m.observe_load("digits", 0.2, 40 << 20)
+    m.observe_unload("sim", "budget")
 
 
 def test_the_worker_declares_exactly_the_documented_metrics_with_help_text():
@@ -119,7 +129,9 @@ def test_latency_histograms_use_the_inference_buckets_and_batch_sizes_powers_of_
         if family.type != "histogram":
             continue
         bounds = [s.labels["le"] for s in family.samples if s.name.endswith("_bucket")]
-        expected = LATENCY_BUCKETS if name in LATENCY else COUNT_BUCKETS
+        expected = (
+            LOAD_BUCKETS if name == LOADS else LATENCY_BUCKETS if name in LATENCY else COUNT_BUCKETS
+        )
         assert bounds == [*(str(float(b)) for b in expected), "+Inf"], name
 
 
@@ -138,6 +150,20 @@ def test_a_batch_records_its_size_rows_inference_time_and_each_requests_wait():
     assert sample(m, "inferq_worker_reclaimed_total", model="digits") == 8
     assert sample(m, "inferq_worker_held_entries") == 5
     assert sample(m, "inferq_worker_info", worker="host-1-abc", version=runtime.__version__) == 1
+
+
+def test_loads_and_unloads_are_counted_with_their_time_reason_and_memory():
+    m = WorkerMetrics()
+    exercise(m)
+    m.observe_unload("digits", "a reason nobody declared")
+    assert sample(m, "inferq_worker_model_loads_total", model="digits") == 1
+    assert sample(m, "inferq_worker_model_load_seconds_sum", model="digits") == pytest.approx(0.2)
+    assert sample(m, "inferq_worker_model_unloads_total", model="sim", reason="budget") == 1
+    assert sample(m, "inferq_worker_model_unloads_total", model="digits", reason="other") == 1
+    assert sample(m, "inferq_worker_loaded_models") == 2
+    # An unloaded model holds nothing: its resident figure goes with it.
+    assert sample(m, "inferq_worker_model_resident_bytes", model="digits") is None
+    m.observe_unload("never-loaded", "idle")  # loaded at start: never measured
 
 
 def test_label_values_stay_in_their_fixed_sets():

@@ -121,6 +121,21 @@ def test_the_repositories_merge_into_one_view_per_model():
     assert view.metadata == _meta(("1",)) and view.errors == {"b": "bad config"}
 
 
+def test_a_model_only_on_demand_workers_hold_is_loadable_not_ready():
+    repo = (RepositoryModel("m", ("1",), _meta(("1",))),)
+    loader = WorkerInfo("od", "h", 1, 0, (), repository=repo, on_demand=True)
+    entry = merge([loader], {})["m"]
+    assert (entry.ready, entry.loadable, entry.state) == (False, 1, "loadable")
+    assert entry.metadata.inputs == _meta(("1",)).inputs  # described without a load
+    # A worker that only lists the model (it loads at start, not on demand) makes it no more.
+    lister = WorkerInfo("w", "h", 1, 0, (), repository=repo)
+    assert "m" not in merge([lister], {})
+    served = merge([loader, WorkerInfo("s", "h", 2, 0, (_meta(("1",)),))], {})["m"]
+    assert (served.state, served.workers, served.loadable) == ("ready", 1, 1)
+    unloaded = merge([loader], {}, {"m": VersionPolicy((), {}, 4)})["m"]
+    assert unloaded.state == "unloaded"
+
+
 def test_the_index_states():
     worker = WorkerInfo("w", "h", 1, 0, (_meta(("1", "2")),))
     served = merge([worker], {})["m"]
