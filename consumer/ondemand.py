@@ -37,9 +37,7 @@ import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-import redis.asyncio as aioredis
 import structlog
-from redis.commands.core import AsyncScript
 
 from consumer.budget import MIB, Held, LoadBudget
 from consumer.context import WorkerContext
@@ -48,6 +46,7 @@ from protocol.demand import decode_hint
 from protocol.keys import GROUP, LANES_BY_PRIORITY, text
 from protocol.registry import WorkerInfo
 from runtime.aio import cancelling
+from runtime.broker import Broker
 from runtime.faults import RETRYABLE
 from runtime.lag import LagError, collect
 from runtime.readconn import BlockingReads, recover
@@ -114,14 +113,14 @@ class OnDemand:
     def __init__(
         self,
         context: WorkerContext,
-        redis: aioredis.Redis,
+        broker: Broker,
         host: DemandHost,
         hints: BlockingReads | None = None,
     ) -> None:
         """``hints``: a blocking connection for ``Keys.demand`` (None: poll only)."""
         s = context.settings
         self._ctx = context
-        self._redis = redis
+        self._redis = broker.commands
         self._host = host
         self._keys = context.keys
         self._me = context.worker_id
@@ -135,7 +134,7 @@ class OnDemand:
         the next load of it)."""
         self._failed_at: dict[str, float] = {}
         self._unloaded_at: dict[str, float] = {}
-        self._claim_script: AsyncScript = redis.register_script(CLAIM_SCRIPT)
+        self._claim_script = broker.script(CLAIM_SCRIPT)
         self._hints = hints
         self._hint_id = "$"
         self._hinted: set[str] = set()

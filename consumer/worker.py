@@ -384,7 +384,7 @@ class Worker:
                 name=f"inferq-worker-demand-{self.id}",
                 block_ms=max(1, int(self.settings.demand_poll_s * 1000)),
             )
-            self.on_demand = OnDemand(self.context, redis, self, self._demand_reader)
+            self.on_demand = OnDemand(self.context, self.broker, self, self._demand_reader)
 
     def _dispatcher(self, slot: ModelSlot) -> Dispatcher:
         assert self.context is not None and self._reader is not None
