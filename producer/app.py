@@ -32,7 +32,13 @@ from producer.errors import (
     http_form,
 )
 from producer.gateway import Gateway
-from producer.httpbody import body_chunks, caller_traceparent, read_body, read_inference_body
+from producer.httpbody import (
+    body_chunks,
+    caller_traceparent,
+    header_bytes,
+    read_body,
+    read_inference_body,
+)
 from producer.instrument import Instrument, RequestMetrics, observation
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
@@ -143,7 +149,7 @@ async def submit_job(request: Request) -> Response:
     seen = observation(request.scope)
     if seen is not None:
         seen.trace_http(request.scope, "job_submit", p["model"], p.get("version"))
-    with gateway.service.hold_body() as hold:
+    with gateway.service.hold_body(header_bytes(request.scope)) as hold:
         raw, length = await read_inference_body(
             request.headers, request.receive, hold, gateway.settings
         )

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from producer.errors import (
     BadRequest,
@@ -80,6 +80,15 @@ def header_length(headers: Mapping[str, str]) -> int | None:
     if length is None:
         raise BadRequest("Inference-Header-Content-Length must be a non-negative integer")
     return length
+
+
+def header_bytes(scope: Scope) -> int:
+    """About what a request's line and headers took on the wire (what the parser keeps of
+    them): what a request's hold counts for them while it is answered."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+    for name, value in scope["headers"]:
+        size += len(name) + len(value) + 4
+    return size
 
 
 def no_cache(headers: Mapping[str, str]) -> bool:

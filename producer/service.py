@@ -142,6 +142,7 @@ class InferenceService:
         replies: ReplyListener,
         clock: RedisClock,
         metrics: GatewayMetrics | None = None,
+        inflight: InflightBytes | None = None,
     ) -> None:
         self.settings = settings
         self.keys = keys
@@ -162,13 +163,15 @@ class InferenceService:
         self._ids = itertools.count()
         self.router = VersionRouter()
         self._partition_turn: dict[str, int] = {}
-        self.inflight = InflightBytes(settings.max_inflight_bytes)
+        self.inflight = inflight or InflightBytes(settings.max_inflight_bytes)
+        """The gateway's budget (shared with its HTTP server, which holds headers on it)."""
         self.terms = infer_terms(settings)
 
-    def hold_body(self) -> BodyHold:
-        """A hold on request-body bytes against ``--max-inflight-bytes``: grow it as the body
-        arrives (429 or 413 when it cannot), release it once the answer is sent."""
-        return self.inflight.hold()
+    def hold_body(self, header_bytes: int = 0) -> BodyHold:
+        """A hold on a request's bytes against ``--max-inflight-bytes``: its headers' at once,
+        then grow it as the body arrives (429 or 413 when it cannot), release it once the
+        answer is sent."""
+        return self.inflight.hold(header_bytes)
 
     async def model(
         self, name: str, version: str | None = None, *, route: bool = True
