@@ -45,6 +45,12 @@ _REASONS = {
     429: b"Too Many Requests",
     431: b"Request Header Fields Too Large",
 }
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
+"""After a refusal the server makes itself (408, 413, 429, 431), it closes its side for writing
+and reads on, discarding, for up to this long or this many bytes, before it closes: closing at
+once with the client's bytes unread would reset the connection, and the client, still sending
+its headers, would lose the answer (the lingering close of nginx and Apache)."""
 _HEADER_END = (b"\n\r\n", b"\n\n")
 """What ends a header block (CRLF CRLF, or the bare LF LF parsers also take): any block ends
 with one of these."""
@@ -151,10 +157,15 @@ class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         self._tail = b""
         self._block_hold = None if self.inflight is None else BodyHold(self.inflight)
         """What the header block being received holds of the in-flight budget."""
+        self._lingering: asyncio.TimerHandle | None = None
+        self._discarded = 0
         super().connection_made(OneWrite(transport))
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            self._discard(data)
+            return
         self._note_cycle()
         cycle = self.cycle
         # Once a request's body is in, what follows is the next request's line and headers.
@@ -172,6 +183,8 @@ class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._release()
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)
 
     def _note_cycle(self) -> None:
@@ -205,10 +218,21 @@ class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
             self._block_hold.release()
 
     def _refuse(self, response: bytes) -> None:
+        """Answer ``response`` and end the connection (see ``LINGER_S``)."""
         self._disarm()
         self._release()
-        if not self.transport.is_closing():
-            self.transport.write(response)
+        if self.transport.is_closing():
+            return
+        self.transport.write(response)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._lingering = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+    def _discard(self, data: bytes) -> None:
+        self._discarded += len(data)
+        if self._discarded > LINGER_BYTES:
             self.transport.close()
 
     def _arm(self) -> None:

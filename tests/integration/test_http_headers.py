@@ -4,31 +4,21 @@
 from __future__ import annotations
 
 import json
-import select
 import socket
-import time
-from pathlib import Path
 
 import httpx
 
+from bench.header_flood import REQUEST_LINE, flood, header_lines, rss_bytes
 from producer.server import MAX_HEADER_BYTES
 from tests.support import free_port, gateway_process, sim_body, wait_until
 
 SOCKET_TIMEOUT_S = 10.0
-REQUEST_LINE = b"POST /v2/models/sim/infer HTTP/1.1\r\nhost: x\r\ncontent-length: 100\r\n"
 
 
 def connect(port: int) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.settimeout(SOCKET_TIMEOUT_S)
     return sock
-
-
-def header_lines(size: int) -> bytes:
-    """``size`` bytes of complete header lines (no blank line: the block goes on)."""
-    line = b"x-filler: " + b"a" * 1000 + b"\r\n"
-    lines = line * (size // len(line) + 1)
-    return lines[:size]
 
 
 def read_until_closed(sock: socket.socket) -> bytes:
@@ -104,52 +94,6 @@ def test_headers_being_received_are_held_against_the_inflight_budget(stack):
         r = c.post("/v2/models/sim/infer", content=body, headers=big)
     assert r.status_code == 413 and "--max-inflight-bytes" in r.json()["error"], r.text
     assert inflight.held == 0
-
-
-def rss_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def flood(port: int, connections: int, header_bytes: int) -> list[bytes]:
-    """``connections`` clients that each send a request line and up to ``header_bytes`` of
-    headers, never the blank line nor the body; what each got back before the gateway closed
-    it (b"" when it was reset), or None when it took every byte without closing."""
-    chunk = header_lines(64 * 1024)
-    socks = [connect(port) for _ in range(connections)]
-    sent = {sock: 0 for sock in socks}
-    got: dict[socket.socket, bytes | None] = {}
-    for sock in socks:
-        sock.setblocking(False)
-        sock.send(REQUEST_LINE)
-    try:
-        deadline = time.monotonic() + 60
-        while len(got) < len(socks) and time.monotonic() < deadline:
-            open_ = [s for s in socks if s not in got]
-            readable, writable, _ = select.select(
-                open_, [s for s in open_ if sent[s] < header_bytes], [], 1.0
-            )
-            for sock in readable:
-                sock.setblocking(True)
-                try:
-                    got[sock] = read_until_closed(sock)
-                except ConnectionResetError:
-                    got[sock] = b""  # reset before its answer could be read
-            for sock in writable:
-                if sock in got:
-                    continue
-                try:
-                    sent[sock] += sock.send(chunk)
-                except (BrokenPipeError, ConnectionResetError):
-                    got[sock] = b""
-            if all(sent[s] >= header_bytes for s in socks if s not in got) and not readable:
-                break  # every byte taken and nothing answered: the gateway holds them all
-    finally:
-        for sock in socks:
-            sock.close()
-    return [got.get(sock) for sock in socks]  # type: ignore[misc]
 
 
 def test_64_clients_sending_huge_headers_do_not_grow_a_real_gateway(redis_url, namespace):
