@@ -55,6 +55,15 @@ from runtime.tracing import REQUEST_TRACE, Stage
 
 log = structlog.get_logger("inferq.gateway")
 
+BREAKER_OUTCOMES: dict[Status, bool] = {Status.OK: True, Status.FAILED: False}
+"""What a model's circuit breaker counts: the model's own outcomes, a success or a failure (it
+raised, or answered what its config does not allow). Not what a caller caused: a request the
+gateway refuses (400: zero rows, wrong shape) never reaches the model, and one the backend
+refuses as invalid input (``Status.INVALID``) says nothing of the model's health; nor a request
+whose deadline passed in the queue (``Status.EXPIRED``, the model never saw it), nor one that
+timed out waiting (overload is admission's business). So one client's bad input cannot open
+the breaker for everyone (issue #21; ARCHITECTURE.md, "Circuit breaker")."""
+
 Decode = Callable[[ModelMetadata], InferRequestBody]
 """A transport's parser: the request body, validated against the model (or BadRequest)."""
 
@@ -422,8 +431,9 @@ class InferenceService:
             if service is None:
                 service = self.service_times[name] = ServiceTime()
             service.observe(t.infer_ms / 1000, t.batch_size)
-        if result.status is not Status.EXPIRED:
-            self._breaker(name).record(result.status is not Status.FAILED, time.monotonic())
+        healthy = BREAKER_OUTCOMES.get(result.status)
+        if healthy is not None:
+            self._breaker(name).record(healthy, time.monotonic())
 
     async def _redis(self, *args: Any, model: str) -> Any:
         try:

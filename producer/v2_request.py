@@ -15,6 +15,12 @@ Deliberate rules: ``NaN``, ``Infinity`` and number literals too large to be fini
 beyond Python's 4,300-digit conversion limit. ``true``/``false`` mixed with numbers read as 1/0
 (numpy's conversion; checking would cost a loop per element). Shared memory and the
 classification extension are refused.
+
+A request must hold work the model's config allows, for a request the model cannot run fails
+at the model and counts toward its circuit breaker, against every caller (issue #21). So: every
+dimension has at least one element (a config's dimensions are positive or -1, variable; zero
+rows are not a request), and all inputs have the same number of rows (the batch dimension, the
+first, along which the worker batches requests), whatever the order they come in.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ __all__ = [
     "check_element_count",
     "check_input_parameters",
     "check_inputs_complete",
+    "check_rows",
     "check_tensor_header",
     "parse_infer_request",
     "parse_json_object",
@@ -218,6 +225,7 @@ def parse_infer_request(
         inputs.append(tensor)
 
     check_inputs_complete(seen, model)
+    check_rows(inputs)
     if pos != binary_end:
         raise BadRequest(
             f"request has {binary_end - pos} bytes of binary data after the JSON header that no "
@@ -281,7 +289,26 @@ def check_tensor_header(
         raise BadRequest(
             f"input '{name}' has shape {shape} but model '{model.name}' expects {list(declared)}"
         )
+    if 0 in shape:
+        axis = shape.index(0)
+        what = "0 rows (its first dimension)" if axis == 0 else f"dimension {axis} of size 0"
+        raise BadRequest(
+            f"input '{name}' has shape {shape}: {what}; model '{model.name}' takes at least one "
+            f"element in every dimension of {list(declared)} (-1 is any size from 1)"
+        )
     return name, datatype, tuple(shape)
+
+
+def check_rows(inputs: list[Tensor]) -> None:
+    """Every input has the same number of rows (its first dimension, the batch axis)."""
+    first = inputs[0]
+    for tensor in inputs[1:]:
+        if tensor.shape[:1] != first.shape[:1]:
+            raise BadRequest(
+                f"input '{tensor.name}' has shape {list(tensor.shape)} but input '{first.name}' "
+                f"has {list(first.shape)}: every input of a request has the same number of rows "
+                "(the first dimension, along which requests are batched)"
+            )
 
 
 def raise_no_inputs(model: ModelMetadata) -> NoReturn:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.support import binary_body
+from tests.support import binary_body, sim_body
 
 ROW = [0.0] * 64
 
@@ -289,3 +289,21 @@ def test_non_finite_outputs_are_sent_only_as_binary_data(stack):
     assert "data" not in out and out["parameters"]["binary_data_size"] == 8
     values = np.frombuffer(r.content[n:], dtype="<f4")
     assert values[0] == 4.0 and np.isnan(values[1])
+
+
+def test_one_client_sending_zero_rows_does_not_open_the_breaker_for_everyone(stack):
+    """Zero rows are refused at the gateway, so they never reach the model nor count toward its
+    breaker. Before, each was a 500 from the model (the simulated backend cannot reshape
+    nothing), and once the breaker's minimum of 20 requests had failed every client got 503
+    for 10 s (issue #21): the red team sent 16, this sends 24."""
+    s = stack(models=("sim",))
+    s.wait_ready("sim")
+    empty = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [0, 4], "data": []}]}
+    calls = s.workers[0].backend("sim").calls
+    codes = [s.infer("sim", empty, **{"cache-control": "no-cache"}) for _ in range(24)]
+    assert [r.status_code for r in codes] == [400] * 24, codes[-1].text
+    assert "0 rows" in codes[0].json()["error"]
+    r = s.infer("sim", sim_body(2))  # another client
+    assert r.status_code == 200, r.text
+    assert s.workers[0].backend("sim").calls == calls + 1  # only the valid one reached it
+    assert s.gateway.gateway.service.breakers["sim"].failure_ratio() == 0.0
