@@ -45,6 +45,7 @@ __all__ = [
     "check_element_count",
     "check_input_parameters",
     "check_inputs_complete",
+    "check_nesting",
     "check_rows",
     "check_tensor_header",
     "parse_infer_request",
@@ -64,6 +65,12 @@ _FLOAT_TYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind == "f")
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 
 _FLOAT_KINDS = "f"
+
+MAX_NESTING = 32
+"""The deepest lists and objects may nest in ``parameters`` and in model-control bodies. The
+protocol's parameters are scalars, and what inferq takes besides (a webhook, traffic weights)
+nests two levels; deeper, code that walks them (the Idempotency-Key fingerprint, logs,
+msgpack) would recurse out of Python's stack, a 500 (issue #21)."""
 
 _KIND_WORDS = {
     "b": "true/false values",
@@ -124,7 +131,7 @@ def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
 
 def _parse_slowly(body: bytes, what: str) -> Any:
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
         raise BadRequest(f"{what} is not valid JSON: it is not UTF-8 text ({e})") from None
     except _NotJsonNumber as e:
@@ -143,6 +150,44 @@ def _parse_slowly(body: bytes, what: str) -> Any:
         ) from None
     except RecursionError:
         raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
+    _check_unicode(value, what)
+    return value
+
+
+def _check_unicode(value: Any, what: str) -> None:
+    """Refuse a document holding a string that is not Unicode text: a ``\\uXXXX`` escape of a
+    lone surrogate (orjson refuses them, the standard library reads them). Such a name or id
+    could not even be written into the error that names it (it was a 500, issue #21); tensor
+    bytes that are not text travel as binary data."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(
+            f"{what} holds the escape \\u{ord(e.object[e.start]):04x}, an unpaired surrogate, "
+            "which is not valid Unicode text: names, ids and strings must be; send such data "
+            "as binary data"
+        ) from None
+    except RecursionError:
+        raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
+
+
+def check_nesting(value: Any, what: str, limit: int = MAX_NESTING) -> None:
+    """Refuse lists and objects nested deeper than ``limit`` in ``value`` (without recursing:
+    the point is a document too deep to recurse into)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        inner: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                inner.extend(item.values())
+            elif isinstance(item, list):
+                inner.extend(item)
+        if not inner:
+            return
+        level = [i for i in inner if isinstance(i, dict | list)]
+        if not level:
+            return
+    raise BadRequest(f"{what} nests lists or objects more than {limit} deep")
 
 
 def parse_infer_request(
@@ -178,6 +223,7 @@ def parse_infer_request(
         parameters = {}
     elif not isinstance(parameters, dict):
         raise BadRequest(f"request 'parameters' must be an object, got {_json_type(parameters)}")
+    check_nesting(parameters, "request 'parameters'")
     binary_data_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_data_output, bool):
         raise BadRequest("request parameter 'binary_data_output' must be true or false")
@@ -202,6 +248,7 @@ def parse_infer_request(
             params = {}
         elif not isinstance(params, dict):
             raise BadRequest(f"input '{name}': 'parameters' must be an object")
+        check_nesting(params, f"input '{name}': 'parameters'")
         check_input_parameters(name, params)
         size = params.get("binary_data_size")
         if size is not None:
@@ -540,6 +587,7 @@ def requested_outputs(
             params = {}
         elif not isinstance(params, dict):
             raise BadRequest(f"output '{name}': 'parameters' must be an object")
+        check_nesting(params, f"output '{name}': 'parameters'")
         if params.get("classification", 0) not in (0, None):
             raise BadRequest(
                 f"output '{name}': the classification extension is not supported by this server"
