@@ -88,9 +88,9 @@ class GatewaySettings(ConnectionSettings):
         flag="--max-inflight-bytes",
         env="INFERQ_MAX_INFLIGHT_BYTES",
         parse=positive_int,
-        help="bytes of request bodies the gateway holds at once (being read, queued, waiting "
-        "for their answer); beyond it a request gets 429 with Retry-After, and one larger than "
-        "all of it 413",
+        help="bytes of unfinished requests, headers and bodies, the gateway holds at once "
+        "(being read, queued, waiting for their answer); beyond it a request gets 429 with "
+        "Retry-After, and one larger than all of it 413",
     )
     header_timeout_s: float = option(
         10.0,
