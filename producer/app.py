@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -32,7 +31,13 @@ from producer.errors import (
     http_form,
 )
 from producer.gateway import Gateway
-from producer.httpbody import body_chunks, caller_traceparent, read_body, read_inference_body
+from producer.httpbody import (
+    body_chunks,
+    caller_traceparent,
+    header_bytes,
+    read_body,
+    read_inference_body,
+)
 from producer.instrument import Instrument, RequestMetrics, observation
 from producer.jobs import render as render_job
 from producer.metrics import metrics_response
@@ -40,7 +45,7 @@ from producer.openapi import ApiRoute
 from producer.openapi import document as openapi_document
 from producer.settings import GatewaySettings
 from producer.sse import last_event_id, open_stream
-from producer.v2_request import parse_infer_request
+from producer.v2_request import check_nesting, parse_infer_request, parse_json_object
 from protocol.jobs import JobRecord
 
 EXTENSIONS = [
@@ -143,7 +148,7 @@ async def submit_job(request: Request) -> Response:
     seen = observation(request.scope)
     if seen is not None:
         seen.trace_http(request.scope, "job_submit", p["model"], p.get("version"))
-    with gateway.service.hold_body() as hold:
+    with gateway.service.hold_body(header_bytes(request.scope)) as hold:
         raw, length = await read_inference_body(
             request.headers, request.receive, hold, gateway.settings
         )
@@ -223,12 +228,8 @@ async def _admin_body(request: Request) -> dict[str, Any]:
     )
     if not raw.strip():
         return {}
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise BadRequest(f"the request body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise BadRequest("the request body must be a JSON object")
+    body = parse_json_object(raw, "the request body")
+    check_nesting(body, "the request body")
     return body
 
 

@@ -64,10 +64,12 @@ def answer_for(error: BaseException, **where: Any) -> GatewayError:
 
 
 def error_body(message: str) -> bytes:
-    """The V2 error body, byte for byte what Starlette's ``JSONResponse`` sends."""
+    """The V2 error body, byte for byte what Starlette's ``JSONResponse`` sends; a message that
+    quotes a string which is not Unicode (a lone surrogate) is still sent, escaped, never a
+    second error while answering the first."""
     return json.dumps(
         {"error": message}, ensure_ascii=False, allow_nan=False, separators=(",", ":")
-    ).encode()
+    ).encode("utf-8", "backslashreplace")
 
 
 def http_form(error: GatewayError) -> tuple[int, bytes, dict[str, str]]:

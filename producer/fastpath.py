@@ -24,7 +24,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from producer.errors import GatewayError, http_form
-from producer.httpbody import caller_traceparent, no_cache, read_inference_body
+from producer.httpbody import caller_traceparent, header_bytes, no_cache, read_inference_body
 from producer.instrument import Instrument, content_length
 from producer.v2_request import parse_infer_request
 from producer.v2_response import encode_infer_response, response_document
@@ -63,7 +63,7 @@ async def respond(
     return the version it was routed to. Refusals raise ``GatewayError``."""
     headers = Headers(scope=scope)
     service = gateway.service
-    with service.hold_body() as hold:
+    with service.hold_body(header_bytes(scope)) as hold:
         raw, length = await read_inference_body(headers, receive, hold, gateway.settings)
         trace_context = caller_traceparent(headers)
         outcome = await service.infer(

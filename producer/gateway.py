@@ -23,6 +23,7 @@ import structlog
 from producer.admin import ModelAdmin
 from producer.errors import ServiceUnavailable
 from producer.events import Watchers
+from producer.inflight import InflightBytes
 from producer.introspection import Introspection
 from producer.jobs import JobService
 from producer.metrics import GatewayMetrics, StreamGauges
@@ -62,6 +63,9 @@ class Gateway:
         """Why the gateway must exit (a loop crashed); None while it serves."""
         self.on_fatal: Callable[[], None] | None = None
         """Called once a loop crashed: the command line stops the server here."""
+        self.inflight = InflightBytes(settings.max_inflight_bytes)
+        """Bytes of unfinished requests (headers and bodies) held, against
+        ``--max-inflight-bytes``: the HTTP server and the services share it."""
 
     async def start(self) -> None:
         s = self.settings
@@ -119,7 +123,14 @@ class Gateway:
             keepalives=self.loops.backoff("reply-keepalive"),
         )
         self.service = InferenceService(
-            s, self.keys, self.registry, self.pipeline, self.replies, self.clock, self.metrics
+            s,
+            self.keys,
+            self.registry,
+            self.pipeline,
+            self.replies,
+            self.clock,
+            self.metrics,
+            self.inflight,
         )
         self.metrics.track_waiters(lambda: self.replies.waiting)
         self.webhooks = WebhookPolicy(s)

@@ -22,6 +22,7 @@ from producer.v2_request import (
     check_element_count,
     check_input_parameters,
     check_inputs_complete,
+    check_rows,
     check_tensor_header,
     raise_no_inputs,
     requested_outputs,
@@ -109,6 +110,7 @@ def decode_infer_request(
             data = _typed_data(name, datatype, shape, tensor.contents)
             tensors.append(Tensor(name, datatype, shape, data))
     check_inputs_complete(seen, model)
+    check_rows(tensors)
     outputs, _, _ = requested_outputs(
         [{"name": o.name, "parameters": parameter_values(o.parameters)} for o in request.outputs],
         model,

@@ -367,7 +367,7 @@ def _load_parameters(parameters: Any) -> dict[str, Any]:
     if isinstance(weights, str):
         try:
             values["weights"] = json.loads(weights)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested too deeply
             raise BadRequest(
                 "parameter 'weights' must be a JSON object in a string, e.g. "
                 '\'{"1": 90, "2": 10}\''

@@ -12,7 +12,7 @@ import zlib
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
 
-from starlette.types import Receive
+from starlette.types import Receive, Scope
 
 from producer.errors import (
     BadRequest,
@@ -80,6 +80,15 @@ def header_length(headers: Mapping[str, str]) -> int | None:
     if length is None:
         raise BadRequest("Inference-Header-Content-Length must be a non-negative integer")
     return length
+
+
+def header_bytes(scope: Scope) -> int:
+    """About what a request's line and headers took on the wire (what the parser keeps of
+    them): what a request's hold counts for them while it is answered."""
+    size = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 16
+    for name, value in scope["headers"]:
+        size += len(name) + len(value) + 4
+    return size
 
 
 def no_cache(headers: Mapping[str, str]) -> bool:
@@ -157,18 +166,40 @@ async def read_body(
 
 
 def _inflate(body: bytes, encoding: str, limit: int, hold: BodyHold | None) -> bytes:
+    """The decompressed body: 413 past ``limit``; 400 unless it is whole, complete streams (a
+    gzip body may hold several members, RFC 1952) with nothing after them: a truncated body or
+    trailing bytes are a client's bug, not a request to guess at."""
     if encoding not in ("gzip", "deflate"):
         raise UnsupportedMediaType(
             f"Content-Encoding '{encoding}' is not supported (use gzip, deflate or none)"
         )
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS
-    inflater = zlib.decompressobj(wbits)
-    try:
-        plain = inflater.decompress(body, limit + 1)
-    except zlib.error as e:
-        raise BadRequest(f"request body is not valid {encoding} data: {e}") from None
-    if len(plain) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+    parts: list[bytes] = []
+    size = 0
+    rest = body
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            part = inflater.decompress(rest, limit - size + 1)
+        except zlib.error as e:
+            raise BadRequest(f"request body is not valid {encoding} data: {e}") from None
+        size += len(part)
+        if size > limit or inflater.unconsumed_tail:
+            raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+        parts.append(part)
+        if not inflater.eof:
+            raise BadRequest(
+                f"request body is truncated {encoding} data: the compressed stream ends before "
+                "its end marker"
+            )
+        rest = inflater.unused_data
+        if not rest:
+            break
+        if encoding != "gzip" or not rest.startswith(b"\x1f\x8b"):
+            raise BadRequest(
+                f"request body has {len(rest)} bytes after the end of its {encoding} data"
+            )
+    plain = parts[0] if len(parts) == 1 else b"".join(parts)
     if hold is not None:
         hold.grow_to(len(plain))
     return plain

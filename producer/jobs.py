@@ -148,6 +148,7 @@ class JobService:
         self._reserve = self._broker.script(RESERVE_SCRIPT)
         self._undo = self._broker.script(UNDO_SCRIPT)
         self.terms = job_terms(settings)
+        self._id_key = settings.job_id_mac_key()
 
     async def submit(
         self,
@@ -170,7 +171,7 @@ class JobService:
             # The record shares the key's slot on a cluster (protocol.keys, JOB_TAG).
             tag = idempotency_tag_bytes(name, idempotency_key)
             random = tag + random[len(tag) :]
-        job_id = new_job_id(self.clock.now_ms(), random)
+        job_id = new_job_id(self.clock.now_ms(), random, self._id_key)
         prepared = await self.inference.prepare(
             name, version, decode, self.terms, traceparent=traceparent, request_id=job_id
         )
@@ -472,9 +473,9 @@ class JobService:
         return record
 
     def _missing(self, job_id: str) -> Gone | NotFound:
-        """404 for an id nobody issued or a job past its retention; 410 for a job issued within
-        the retention window whose record is gone: Redis lost it."""
-        issued_ms = job_id_issued_ms(job_id)
+        """404 for an id nobody issued (its MAC fails) or a job past its retention; 410 for a
+        job issued within the retention window whose record is gone: Redis lost it."""
+        issued_ms = job_id_issued_ms(job_id, self._id_key)
         now_ms = self.clock.now_ms()
         if issued_ms is not None and 0 <= now_ms - issued_ms < self.settings.job_ttl_s * 1000:
             return Gone(

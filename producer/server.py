@@ -6,35 +6,77 @@ and sends nothing, or trickles a header line now and then (slowloris), holds a s
 protocol object for ever. ``HeaderDeadline`` gives each request ``--header-timeout-s`` from its
 connection opening, or from the first byte of a following request, to complete its headers,
 then answers 408 and closes. Bodies are bounded by the app itself (``--body-timeout-s``, see
-``producer.app``), and header sizes by the HTTP parser (``MAX_HEADER_BYTES`` for h11; httptools
-has its own fixed limit).
+``producer.app``).
+
+Nor does httptools (uvicorn's parser whenever it is installed, as it is here) bound a request's
+header block: it hands each header to uvicorn, which keeps them all, so 64 connections sending a
+32 MiB header each and holding back the body took a gateway past 2 GB (issue #21). h11's
+``max_incomplete_event_size`` bounds only h11. ``HeaderDeadline`` therefore counts the bytes of
+each request's line and headers itself, before the parser sees them, whichever parser it is:
+past ``MAX_HEADER_BYTES`` it answers 431 and closes. While they arrive, those bytes are held
+against ``--max-inflight-bytes`` (``producer.inflight``; 429 when the gateway holds too much),
+and once the headers are complete the request's own hold counts them until its answer
+(``producer.httpbody.header_bytes``): the memory a gateway gives unfinished requests is bounded
+by one number.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from producer.errors import GatewayError, PayloadTooLarge, TooManyRequests, http_form
+from producer.inflight import BodyHold, InflightBytes
 from producer.settings import GatewaySettings
 
 KEEP_ALIVE_S = 5
 """Seconds an idle keep-alive connection stays open (uvicorn's default, stated)."""
 MAX_HEADER_BYTES = 16 * 1024
+"""The most bytes a request's line and header block may have (h11's default, for every
+parser): 431 beyond."""
 GRACEFUL_SHUTDOWN_S = 10
 
-_TIMED_OUT = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-)
+_REASONS = {
+    408: b"Request Timeout",
+    413: b"Content Too Large",
+    429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
+}
+LINGER_S = 2.0
+LINGER_BYTES = 1024 * 1024
+"""After a refusal the server makes itself (408, 413, 429, 431), it closes its side for writing
+and reads on, discarding, for up to this long or this many bytes, before it closes: closing at
+once with the client's bytes unread would reset the connection, and the client, still sending
+its headers, would lose the answer (the lingering close of nginx and Apache)."""
+_HEADER_END = (b"\n\r\n", b"\n\n")
+"""What ends a header block (CRLF CRLF, or the bare LF LF parsers also take): any block ends
+with one of these."""
+
+
+def closing_response(status: int, error: str, headers: dict[str, str] | None = None) -> bytes:
+    """A whole HTTP response with a V2 error body, for a refusal the server makes before any
+    request reaches the app; the connection is closed after it."""
+    _, body, _ = http_form(GatewayError(error))
+    head = [b"HTTP/1.1 %d %s" % (status, _REASONS[status]), b"content-type: application/json"]
+    head += [f"{k}: {v}".encode("latin-1") for k, v in (headers or {}).items()]
+    head += [b"connection: close", b"content-length: %d" % len(body)]
+    return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
 def _timed_out_response(seconds: float) -> bytes:
     error = f"the request headers did not arrive within {seconds:g} s; the connection is closed"
-    body = json.dumps({"error": error}).encode()
-    return _TIMED_OUT + f"content-length: {len(body)}\r\n\r\n".encode() + body
+    return closing_response(408, error)
+
+
+def _too_large_response(limit: int) -> bytes:
+    error = (
+        f"the request line and headers exceed the limit of {limit} bytes; send large values "
+        "in the body"
+    )
+    return closing_response(431, error)
 
 
 HOLD_BODY_BYTES = 64 * 1024
@@ -96,20 +138,42 @@ class OneWrite:
 
 class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     """uvicorn's HTTP protocol (httptools, or h11 where httptools is missing) plus a deadline
-    on each request's headers. A new request's headers are complete when the protocol starts
-    a new request cycle (``cycle``), the one attribute both implementations share."""
+    on each request's headers and a bound on their size, held against the in-flight budget
+    while they arrive (see the module docstring). A new request's headers are complete when
+    the protocol starts a new request cycle (``cycle``), the one attribute both
+    implementations share."""
 
     header_timeout_s = 10.0
+    max_header_bytes = MAX_HEADER_BYTES
+    inflight: InflightBytes | None = None
+    """The gateway's in-flight budget; None holds nothing (a server without a gateway)."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         self._header_timer: asyncio.TimerHandle | None = None
         self._cycle_at_arm: Any = None
+        self._block_after: Any = None
+        """The request cycle the header block being counted follows (None: the first)."""
+        self._block_bytes = 0
+        self._tail = b""
+        self._block_hold = None if self.inflight is None else BodyHold(self.inflight)
+        """What the header block being received holds of the in-flight budget."""
+        self._lingering: asyncio.TimerHandle | None = None
+        self._discarded = 0
         super().connection_made(OneWrite(transport))
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        between_requests = self.cycle is None or self.cycle.response_complete
+        if self._lingering is not None:
+            self._discard(data)
+            return
+        self._note_cycle()
+        cycle = self.cycle
+        # Once a request's body is in, what follows is the next request's line and headers.
+        if (cycle is None or not cycle.more_body) and not self._header_block_fits(data):
+            return
+        between_requests = cycle is None or cycle.response_complete
         super().data_received(data)
+        self._note_cycle()
         if self._header_timer is not None:
             if self.cycle is not self._cycle_at_arm:
                 self._disarm()  # the headers are complete: a request cycle began
@@ -118,7 +182,58 @@ class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._release()
+        if self._lingering is not None:
+            self._lingering.cancel()
         super().connection_lost(exc)
+
+    def _note_cycle(self) -> None:
+        """A request cycle began (here, or from pipelined bytes after a response): the header
+        block counted is complete, and the request's own hold counts it from now
+        (``producer.httpbody.header_bytes``)."""
+        if self.cycle is not self._block_after:
+            self._block_after = self.cycle
+            self._block_bytes, self._tail = 0, b""
+            self._release()
+
+    def _header_block_fits(self, data: bytes) -> bool:
+        """Count ``data``, which continues a header block, against the size bound and the
+        budget; False (and the refusal sent) when it passes either."""
+        room = self.max_header_bytes - self._block_bytes
+        if len(data) > room and not any(end in self._tail + data[:room] for end in _HEADER_END):
+            self._refuse(_too_large_response(self.max_header_bytes))
+            return False
+        self._block_bytes += len(data)
+        self._tail = (self._tail + data[-2:])[-2:]
+        if self._block_hold is not None:
+            try:
+                self._block_hold.grow_to(min(self._block_bytes, self.max_header_bytes))
+            except (TooManyRequests, PayloadTooLarge) as e:
+                self._refuse(closing_response(e.status, e.message, e.headers()))
+                return False
+        return True
+
+    def _release(self) -> None:
+        if self._block_hold is not None:
+            self._block_hold.release()
+
+    def _refuse(self, response: bytes) -> None:
+        """Answer ``response`` and end the connection (see ``LINGER_S``)."""
+        self._disarm()
+        self._release()
+        if self.transport.is_closing():
+            return
+        self.transport.write(response)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._lingering = asyncio.get_running_loop().call_later(LINGER_S, self.transport.close)
+
+    def _discard(self, data: bytes) -> None:
+        self._discarded += len(data)
+        if self._discarded > LINGER_BYTES:
+            self.transport.close()
 
     def _arm(self) -> None:
         self._cycle_at_arm = self.cycle
@@ -133,15 +248,20 @@ class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     def _headers_timed_out(self) -> None:
         self._header_timer = None
-        if not self.transport.is_closing():
-            self.transport.write(_timed_out_response(self.header_timeout_s))
-            self.transport.close()
+        self._refuse(_timed_out_response(self.header_timeout_s))
 
 
 def server_config(app: Any, settings: GatewaySettings) -> uvicorn.Config:
-    """The uvicorn configuration of one gateway process (the CLI and the tests use it)."""
+    """The uvicorn configuration of one gateway process (the CLI and the tests use it); the
+    header bytes being received are held against ``app.state.gateway``'s in-flight budget."""
+    gateway = getattr(app.state, "gateway", None)
     protocol = type(
-        "HeaderDeadline", (HeaderDeadline,), {"header_timeout_s": settings.header_timeout_s}
+        "HeaderDeadline",
+        (HeaderDeadline,),
+        {
+            "header_timeout_s": settings.header_timeout_s,
+            "inflight": None if gateway is None else gateway.inflight,
+        },
     )
     return uvicorn.Config(
         app,
@@ -149,7 +269,9 @@ def server_config(app: Any, settings: GatewaySettings) -> uvicorn.Config:
         port=settings.port,
         http=protocol,
         timeout_keep_alive=KEEP_ALIVE_S,
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        # HeaderDeadline refuses a larger header block with 431 before h11 sees it; h11's
+        # own bound (a 400) stays behind it, a read's worth above.
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES + 256 * 1024,
         log_level="warning",
         access_log=False,
         # The gateway never reads the client's address, so uvicorn's X-Forwarded-For rewriting

@@ -58,6 +58,15 @@ from runtime.tracing import REQUEST_TRACE, Stage
 
 log = structlog.get_logger("inferq.gateway")
 
+BREAKER_OUTCOMES: dict[Status, bool] = {Status.OK: True, Status.FAILED: False}
+"""What a model's circuit breaker counts: the model's own outcomes, a success or a failure (it
+raised, or answered what its config does not allow). Not what a caller caused: a request the
+gateway refuses (400: zero rows, wrong shape) never reaches the model, and one the backend
+refuses as invalid input (``Status.INVALID``) says nothing of the model's health; nor a request
+whose deadline passed in the queue (``Status.EXPIRED``, the model never saw it), nor one that
+timed out waiting (overload is admission's business). So one client's bad input cannot open
+the breaker for everyone (issue #21; ARCHITECTURE.md, "Circuit breaker")."""
+
 Decode = Callable[[ModelMetadata], InferRequestBody]
 """A transport's parser: the request body, validated against the model (or BadRequest)."""
 
@@ -145,6 +154,7 @@ class InferenceService:
         replies: ReplyListener,
         clock: RedisClock,
         metrics: GatewayMetrics | None = None,
+        inflight: InflightBytes | None = None,
     ) -> None:
         self.settings = settings
         self.keys = keys
@@ -165,13 +175,15 @@ class InferenceService:
         self._ids = itertools.count()
         self.router = VersionRouter()
         self._partition_turn: dict[str, int] = {}
-        self.inflight = InflightBytes(settings.max_inflight_bytes)
+        self.inflight = inflight or InflightBytes(settings.max_inflight_bytes)
+        """The gateway's budget (shared with its HTTP server, which holds headers on it)."""
         self.terms = infer_terms(settings)
 
-    def hold_body(self) -> BodyHold:
-        """A hold on request-body bytes against ``--max-inflight-bytes``: grow it as the body
-        arrives (429 or 413 when it cannot), release it once the answer is sent."""
-        return self.inflight.hold()
+    def hold_body(self, header_bytes: int = 0) -> BodyHold:
+        """A hold on a request's bytes against ``--max-inflight-bytes``: its headers' at once,
+        then grow it as the body arrives (429 or 413 when it cannot), release it once the
+        answer is sent."""
+        return self.inflight.hold(header_bytes)
 
     async def model(
         self, name: str, version: str | None = None, *, route: bool = True
@@ -456,8 +468,9 @@ class InferenceService:
             if service is None:
                 service = self.service_times[name] = ServiceTime()
             service.observe(t.infer_ms / 1000, t.batch_size)
-        if result.status is not Status.EXPIRED:
-            self._breaker(name).record(result.status is not Status.FAILED, time.monotonic())
+        healthy = BREAKER_OUTCOMES.get(result.status)
+        if healthy is not None:
+            self._breaker(name).record(healthy, time.monotonic())
 
     async def _wake_loaders(self, name: str) -> None:
         """A request was queued for a model no live worker holds: hint the on-demand workers

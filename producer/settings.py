@@ -13,8 +13,10 @@ import ipaddress
 import re
 import secrets
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from protocol.argtypes import boolean, non_negative_float, port_or_off, positive_float, positive_int
+from protocol.jobs import job_id_key
 from protocol.options import option
 from runtime.settings import DEFAULT_HOST, ConnectionSettings
 
@@ -96,9 +98,9 @@ class GatewaySettings(ConnectionSettings):
         flag="--max-inflight-bytes",
         env="INFERQ_MAX_INFLIGHT_BYTES",
         parse=positive_int,
-        help="bytes of request bodies the gateway holds at once (being read, queued, waiting "
-        "for their answer); beyond it a request gets 429 with Retry-After, and one larger than "
-        "all of it 413",
+        help="bytes of unfinished requests, headers and bodies, the gateway holds at once "
+        "(being read, queued, waiting for their answer); beyond it a request gets 429 with "
+        "Retry-After, and one larger than all of it 413",
     )
     header_timeout_s: float = option(
         10.0,
@@ -191,6 +193,15 @@ class GatewaySettings(ConnectionSettings):
         help="bearer token of the model-control API (/v2/repository/...); unset disables it "
         "(prefer the environment variable: flags show in the process list)",
     )
+    job_id_key: str | None = option(
+        None,
+        flag="--job-id-key",
+        env="INFERQ_JOB_ID_KEY",
+        secret=True,
+        help="key of the MAC in job ids, so an id no gateway issued answers 404, never 410 "
+        "(Redis lost it); every gateway needs the same one. Unset: derived from the namespace "
+        "and the Redis URL's credentials, as secret as they are",
+    )
     webhook_secret: str | None = option(
         None,
         flag="--webhook-secret",
@@ -262,3 +273,13 @@ class GatewaySettings(ConnectionSettings):
         parse=non_negative_float,
         help="how long a model load waits for every worker to load and warm the new versions",
     )
+
+    def job_id_mac_key(self) -> bytes:
+        """The MAC key of job ids (``protocol.jobs.new_job_id``): ``--job-id-key``, else one
+        every gateway of a deployment derives alike from what they share, the namespace and
+        the Redis URL's credentials (changing either makes earlier ids' lost records read
+        404 rather than 410)."""
+        if self.job_id_key:
+            return job_id_key(self.job_id_key)
+        credentials = [urlsplit(u).password or "" for u in self.redis.url.split(",")]
+        return job_id_key("\0".join([self.namespace, *credentials]))

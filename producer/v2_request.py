@@ -15,6 +15,12 @@ Deliberate rules: ``NaN``, ``Infinity`` and number literals too large to be fini
 beyond Python's 4,300-digit conversion limit. ``true``/``false`` mixed with numbers read as 1/0
 (numpy's conversion; checking would cost a loop per element). Shared memory and the
 classification extension are refused.
+
+A request must hold work the model's config allows, for a request the model cannot run fails
+at the model and counts toward its circuit breaker, against every caller (issue #21). So: every
+dimension has at least one element (a config's dimensions are positive or -1, variable; zero
+rows are not a request), and all inputs have the same number of rows (the batch dimension, the
+first, along which the worker batches requests), whatever the order they come in.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ __all__ = [
     "check_element_count",
     "check_input_parameters",
     "check_inputs_complete",
+    "check_nesting",
+    "check_rows",
     "check_tensor_header",
     "parse_infer_request",
     "parse_json_object",
@@ -57,6 +65,12 @@ _FLOAT_TYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind == "f")
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 
 _FLOAT_KINDS = "f"
+
+MAX_NESTING = 32
+"""The deepest lists and objects may nest in ``parameters`` and in model-control bodies. The
+protocol's parameters are scalars, and what inferq takes besides (a webhook, traffic weights)
+nests two levels; deeper, code that walks them (the Idempotency-Key fingerprint, logs,
+msgpack) would recurse out of Python's stack, a 500 (issue #21)."""
 
 _KIND_WORDS = {
     "b": "true/false values",
@@ -117,7 +131,7 @@ def parse_json_object(body: bytes, what: str) -> dict[str, Any]:
 
 def _parse_slowly(body: bytes, what: str) -> Any:
     try:
-        return json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
+        value = json.loads(body.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError as e:
         raise BadRequest(f"{what} is not valid JSON: it is not UTF-8 text ({e})") from None
     except _NotJsonNumber as e:
@@ -136,6 +150,44 @@ def _parse_slowly(body: bytes, what: str) -> Any:
         ) from None
     except RecursionError:
         raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
+    _check_unicode(value, what)
+    return value
+
+
+def _check_unicode(value: Any, what: str) -> None:
+    """Refuse a document holding a string that is not Unicode text: a ``\\uXXXX`` escape of a
+    lone surrogate (orjson refuses them, the standard library reads them). Such a name or id
+    could not even be written into the error that names it (it was a 500, issue #21); tensor
+    bytes that are not text travel as binary data."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BadRequest(
+            f"{what} holds the escape \\u{ord(e.object[e.start]):04x}, an unpaired surrogate, "
+            "which is not valid Unicode text: names, ids and strings must be; send such data "
+            "as binary data"
+        ) from None
+    except RecursionError:
+        raise BadRequest(f"{what} is not valid JSON: it is nested too deeply") from None
+
+
+def check_nesting(value: Any, what: str, limit: int = MAX_NESTING) -> None:
+    """Refuse lists and objects nested deeper than ``limit`` in ``value`` (without recursing:
+    the point is a document too deep to recurse into)."""
+    level: list[Any] = [value]
+    for _ in range(limit):
+        inner: list[Any] = []
+        for item in level:
+            if isinstance(item, dict):
+                inner.extend(item.values())
+            elif isinstance(item, list):
+                inner.extend(item)
+        if not inner:
+            return
+        level = [i for i in inner if isinstance(i, dict | list)]
+        if not level:
+            return
+    raise BadRequest(f"{what} nests lists or objects more than {limit} deep")
 
 
 def parse_infer_request(
@@ -171,6 +223,7 @@ def parse_infer_request(
         parameters = {}
     elif not isinstance(parameters, dict):
         raise BadRequest(f"request 'parameters' must be an object, got {_json_type(parameters)}")
+    check_nesting(parameters, "request 'parameters'")
     binary_data_output = parameters.get("binary_data_output", False)
     if not isinstance(binary_data_output, bool):
         raise BadRequest("request parameter 'binary_data_output' must be true or false")
@@ -195,6 +248,7 @@ def parse_infer_request(
             params = {}
         elif not isinstance(params, dict):
             raise BadRequest(f"input '{name}': 'parameters' must be an object")
+        check_nesting(params, f"input '{name}': 'parameters'")
         check_input_parameters(name, params)
         size = params.get("binary_data_size")
         if size is not None:
@@ -218,6 +272,7 @@ def parse_infer_request(
         inputs.append(tensor)
 
     check_inputs_complete(seen, model)
+    check_rows(inputs)
     if pos != binary_end:
         raise BadRequest(
             f"request has {binary_end - pos} bytes of binary data after the JSON header that no "
@@ -281,7 +336,26 @@ def check_tensor_header(
         raise BadRequest(
             f"input '{name}' has shape {shape} but model '{model.name}' expects {list(declared)}"
         )
+    if 0 in shape:
+        axis = shape.index(0)
+        what = "0 rows (its first dimension)" if axis == 0 else f"dimension {axis} of size 0"
+        raise BadRequest(
+            f"input '{name}' has shape {shape}: {what}; model '{model.name}' takes at least one "
+            f"element in every dimension of {list(declared)} (-1 is any size from 1)"
+        )
     return name, datatype, tuple(shape)
+
+
+def check_rows(inputs: list[Tensor]) -> None:
+    """Every input has the same number of rows (its first dimension, the batch axis)."""
+    first = inputs[0]
+    for tensor in inputs[1:]:
+        if tensor.shape[:1] != first.shape[:1]:
+            raise BadRequest(
+                f"input '{tensor.name}' has shape {list(tensor.shape)} but input '{first.name}' "
+                f"has {list(first.shape)}: every input of a request has the same number of rows "
+                "(the first dimension, along which requests are batched)"
+            )
 
 
 def raise_no_inputs(model: ModelMetadata) -> NoReturn:
@@ -513,6 +587,7 @@ def requested_outputs(
             params = {}
         elif not isinstance(params, dict):
             raise BadRequest(f"output '{name}': 'parameters' must be an object")
+        check_nesting(params, f"output '{name}': 'parameters'")
         if params.get("classification", 0) not in (0, None):
             raise BadRequest(
                 f"output '{name}': the classification extension is not supported by this server"

@@ -12,18 +12,20 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import hmac
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
 from protocol.errors import ProtocolError
 
-JOB_ID_RANDOM_BYTES = 16
-"""128 random bits: a job id is its own access token, so it must be unguessable."""
+JOB_ID_RANDOM_BYTES = 14
+"""112 random bits: a job id is its own access token, so it must be unguessable (well past the
+64 bits OWASP asks of a session id)."""
 _STAMP_BYTES = 6  # milliseconds since the epoch fit in 48 bits until the year 10889
-_CHECK_BYTES = 2
-_CHECK_PERSON = b"inferq-job-id"
+_MAC_BYTES = 4
+_MAC_PERSON = b"inferq-job-id"
 JOB_ID_LENGTH = 32
-"""Characters of a job id: (6 + 16 + 2) bytes in URL-safe base64, no padding."""
+"""Characters of a job id: (6 + 14 + 4) bytes in URL-safe base64, no padding."""
 
 
 class JobStatus(StrEnum):
@@ -244,33 +246,43 @@ def transition_args(new: JobStatus, **fields: str | bytes | int) -> list[str | b
     return args
 
 
-def new_job_id(now_ms: int, random: bytes) -> str:
-    """A job id: when it was issued (Redis clock), 128 random bits and a 16-bit check.
+def new_job_id(now_ms: int, random: bytes, key: bytes) -> str:
+    """A job id: when it was issued (Redis clock), 112 random bits and a 32-bit keyed MAC.
 
     The time lets any gateway tell a job whose record Redis lost (issued within the retention
-    window, record missing) from an id nobody issued or one past its retention; the check makes
-    a mistyped id read as unknown. Neither is secret: the random bits are what make it
-    unguessable."""
+    window, record missing: 410) from an id nobody issued or one past its retention (404). The
+    MAC, keyed with ``key`` (``--job-id-key``, the same on every gateway), is what makes the
+    time trustworthy: an id whose time a caller made up fails it, and answers 404, not a 410
+    that says Redis lost data (issue #21; an unkeyed checksum could be recomputed). The random
+    bits are what make an id unguessable."""
     if len(random) != JOB_ID_RANDOM_BYTES:
         raise ValueError(f"a job id needs {JOB_ID_RANDOM_BYTES} random bytes")
     body = now_ms.to_bytes(_STAMP_BYTES, "big") + random
-    return base64.urlsafe_b64encode(body + _check(body)).decode()
+    return base64.urlsafe_b64encode(body + _mac(body, key)).decode()
 
 
-def job_id_issued_ms(job_id: str) -> int | None:
+def job_id_issued_ms(job_id: str, key: bytes) -> int | None:
     """When the job id was issued (Redis-clock milliseconds), or None if it is not one that
-    ``new_job_id`` made (another format, a typo)."""
+    ``new_job_id`` made with ``key`` (another format, a typo, a forgery)."""
     if len(job_id) != JOB_ID_LENGTH:
         return None
     try:
         raw = base64.urlsafe_b64decode(job_id.encode())
     except (binascii.Error, ValueError):
         return None
-    body, check = raw[:-_CHECK_BYTES], raw[-_CHECK_BYTES:]
-    if len(raw) != _STAMP_BYTES + JOB_ID_RANDOM_BYTES + _CHECK_BYTES or _check(body) != check:
+    body, mac = raw[:-_MAC_BYTES], raw[-_MAC_BYTES:]
+    if len(raw) != _STAMP_BYTES + JOB_ID_RANDOM_BYTES + _MAC_BYTES:
+        return None
+    if not hmac.compare_digest(_mac(body, key), mac):
         return None
     return int.from_bytes(body[:_STAMP_BYTES], "big")
 
 
-def _check(body: bytes) -> bytes:
-    return hashlib.blake2b(body, digest_size=_CHECK_BYTES, person=_CHECK_PERSON).digest()
+def job_id_key(secret: str) -> bytes:
+    """The MAC key for job ids from a configured secret of any length (BLAKE2b takes at most
+    64 bytes of key)."""
+    return hashlib.blake2b(secret.encode(), digest_size=32, person=_MAC_PERSON).digest()
+
+
+def _mac(body: bytes, key: bytes) -> bytes:
+    return hashlib.blake2b(body, digest_size=_MAC_BYTES, key=key, person=_MAC_PERSON).digest()

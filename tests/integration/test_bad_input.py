@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 
 import numpy as np
 import pytest
 
-from tests.support import binary_body
+from tests.support import binary_body, sim_body
 
 ROW = [0.0] * 64
+DEEP = b"[" * 1000 + b"]" * 1000
+"""Lists nested 1,000 deep: orjson reads them (its limit is 1,024), and walking them recursed
+out of Python's stack (the Idempotency-Key fingerprint: a 500)."""
+
+
+def deep(raw: bytes) -> bytes:
+    """``raw`` with its string "DEEP" replaced by ``DEEP`` (json.dumps cannot write it)."""
+    return raw.replace(b'"DEEP"', DEEP)
 
 
 def body(inputs=None, **extra):
@@ -151,6 +160,90 @@ CASES = [
         400,
         ["gzip"],
     ),
+    (
+        "truncated gzip",
+        "/v2/models/digits/infer",
+        gzip.compress(body())[:-6],
+        {"content-encoding": "gzip"},
+        400,
+        ["truncated gzip"],
+    ),
+    (
+        "gzip then trailing garbage",
+        "/v2/models/digits/infer",
+        gzip.compress(body()) + b"garbage",
+        {"content-encoding": "gzip"},
+        400,
+        ["7 bytes after the end of its gzip data"],
+    ),
+    (
+        "deflate then trailing garbage",
+        "/v2/models/digits/infer",
+        zlib.compress(body()) + b"xx",
+        {"content-encoding": "deflate"},
+        400,
+        ["after the end of its deflate data"],
+    ),
+    (
+        "lone surrogate in an input name",
+        "/v2/models/digits/infer",
+        body().replace(b'"input"', b'"\\ud800"'),
+        {},
+        400,
+        ["\\ud800", "unpaired surrogate"],
+    ),
+    (
+        "lone surrogate in the id",
+        "/v2/models/digits/infer",
+        body(id="ID").replace(b'"ID"', b'"\\udc00"'),
+        {},
+        400,
+        ["\\udc00", "unpaired surrogate"],
+    ),
+    (
+        "lone surrogate in a job's id",
+        "/v2/models/digits/jobs",
+        body(id="ID").replace(b'"ID"', b'"a\\udbff"'),
+        {},
+        400,
+        ["\\udbff"],
+    ),
+    (
+        "deeply nested parameters",
+        "/v2/models/digits/infer",
+        deep(body(parameters={"x": "DEEP"})),
+        {},
+        400,
+        ["request 'parameters' nests", "more than 32 deep"],
+    ),
+    (
+        "deeply nested parameters of a job with an Idempotency-Key",
+        "/v2/models/digits/jobs",
+        deep(body(parameters={"x": "DEEP"})),
+        {"idempotency-key": "deep-1"},
+        400,
+        ["more than 32 deep"],
+    ),
+    (
+        "deeply nested input parameters",
+        "/v2/models/digits/infer",
+        deep(
+            body(
+                [
+                    {
+                        "name": "input",
+                        "datatype": "FP32",
+                        "shape": [1, 64],
+                        "data": ROW,
+                        "parameters": {"x": "DEEP"},
+                    }
+                ]
+            )
+        ),
+        {},
+        400,
+        ["input 'input': 'parameters' nests"],
+    ),
     ("body too large", "/v2/models/digits/infer", b"x" * 5000, {}, 413, ["limit"]),
     (
         "gzip bomb",
@@ -289,3 +382,46 @@ def test_non_finite_outputs_are_sent_only_as_binary_data(stack):
     assert "data" not in out and out["parameters"]["binary_data_size"] == 8
     values = np.frombuffer(r.content[n:], dtype="<f4")
     assert values[0] == 4.0 and np.isnan(values[1])
+
+
+def test_one_client_sending_zero_rows_does_not_open_the_breaker_for_everyone(stack):
+    """Zero rows are refused at the gateway, so they never reach the model nor count toward its
+    breaker. Before, each was a 500 from the model (the simulated backend cannot reshape
+    nothing), and once the breaker's minimum of 20 requests had failed every client got 503
+    for 10 s (issue #21): the red team sent 16, this sends 24."""
+    s = stack(models=("sim",))
+    s.wait_ready("sim")
+    empty = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [0, 4], "data": []}]}
+    calls = s.workers[0].backend("sim").calls
+    codes = [s.infer("sim", empty, **{"cache-control": "no-cache"}) for _ in range(24)]
+    assert [r.status_code for r in codes] == [400] * 24, codes[-1].text
+    assert "0 rows" in codes[0].json()["error"]
+    r = s.infer("sim", sim_body(2))  # another client
+    assert r.status_code == 200, r.text
+    assert s.workers[0].backend("sim").calls == calls + 1  # only the valid one reached it
+    assert s.gateway.gateway.service.breakers["sim"].failure_ratio() == 0.0
+
+
+def test_a_gzip_body_of_several_members_is_accepted(small_stack):
+    whole = body()
+    members = gzip.compress(whole[:50]) + gzip.compress(whole[50:])  # RFC 1952 allows it
+    with small_stack.client() as c:
+        r = c.post(
+            "/v2/models/digits/infer",
+            content=members,
+            headers={"content-type": "application/json", "content-encoding": "gzip"},
+        )
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["/v2/repository/index", "/v2/repository/models/digits/load", "/v2/repository/models/x/unload"],
+)
+def test_deeply_nested_model_control_bodies_get_400(stack, path):
+    s = stack(admin_token="tok")
+    nested = b'{"parameters": ' + DEEP + b"}"
+    with s.client() as c:
+        r = c.post(path, content=nested, headers={"authorization": "Bearer tok"})
+    assert r.status_code == 400, r.text
+    assert "nests lists or objects more than 32 deep" in r.json()["error"]

@@ -115,6 +115,9 @@ def up(redis_server: RedisServer, model_repo: Path, tmp_path_factory) -> Iterato
         process.send_signal(signal.SIGINT)
         try:
             code = process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()  # never leave it running (a ResourceWarning in a later test)
+            code = process.wait(10)
         finally:
             reader.join(5)
             if process.stdout is not None:

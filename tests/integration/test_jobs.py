@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 import redis
 
+from protocol.jobs import JOB_ID_RANDOM_BYTES, new_job_id
 from protocol.keys import Keys, Lane
 from tests.support import binary_body, sim_body, wait_until
 
@@ -275,3 +280,32 @@ def test_a_reused_idempotency_key_with_a_different_body_is_refused_with_422(stac
         assert elsewhere.status_code == 202 and "idempotent-replayed" not in elsewhere.headers
         assert poll(c, first.json()["id"])["result"]["outputs"][0]["data"] == [4.0]
     assert worker.backend("sim").calls == 1
+
+
+def _forged_id(now_ms: int) -> str:
+    """What the red team made: a fresh time, random bits and the id's check recomputed (it was
+    an unkeyed BLAKE2b anyone could run)."""
+    body = now_ms.to_bytes(6, "big") + secrets.token_bytes(16)
+    check = hashlib.blake2b(body, digest_size=2, person=b"inferq-job-id").digest()
+    return base64.urlsafe_b64encode(body + check).decode()
+
+
+def test_ids_no_gateway_issued_answer_404_and_a_lost_record_410(stack, redis_url):
+    s = stack(models=("sim",))
+    now_ms = int(time.time() * 1000)
+    other_key = replace(s.gateway.settings, job_id_key="not this deployment's").job_id_mac_key()
+    forged = [
+        _forged_id(now_ms),
+        new_job_id(now_ms, secrets.token_bytes(JOB_ID_RANDOM_BYTES), other_key),
+    ]
+    with s.client() as c:
+        for job_id in forged:
+            r = c.get(f"/v2/jobs/{job_id}")
+            assert r.status_code == 404, r.text
+            assert "no job" in r.json()["error"]
+        job_id = submit(c, "sim", sim_body(1)).json()["id"]
+        assert poll(c, job_id)["status"] == "succeeded"
+        with redis.Redis.from_url(redis_url) as r:
+            assert r.delete(Keys(s.namespace).job(job_id)) == 1  # as if Redis lost it
+        gone = c.get(f"/v2/jobs/{job_id}")
+    assert gone.status_code == 410 and "Redis lost data" in gone.json()["error"], gone.text

@@ -49,22 +49,23 @@ def test_a_failing_model_trips_its_breaker_and_fails_fast(stack):
 
 
 def test_bytes_in_flight_are_capped_per_gateway(stack):
-    one = len(json.dumps(sim_body(1, rows=100)))
+    # A request holds its body and its headers (httpx sends about 200 bytes of them).
+    one = len(json.dumps(sim_body(1, rows=400))) + 200
     s = stack(models=("sim",), max_inflight_bytes=3 * one + one // 2)
     worker = s.workers[0]
     with ThreadPoolExecutor(3) as pool:
         with worker.paused():
-            held = [pool.submit(s.infer, "sim", sim_body(i, rows=100)) for i in range(3)]
+            held = [pool.submit(s.infer, "sim", sim_body(i, rows=400)) for i in range(3)]
             wait_until(
                 lambda: s.gateway.gateway.replies.waiting == 3, what="three requests waiting"
             )
-            r = s.infer("sim", sim_body(9, rows=100))
+            r = s.infer("sim", sim_body(9, rows=400))
             assert r.status_code == 429, r.text
             assert "bytes" in r.json()["error"] and int(r.headers["retry-after"]) >= 1
         for i, f in enumerate(held):
             answer = f.result()
             assert answer.status_code == 200 and answer.json()["outputs"][0]["data"][0] == 4 * i
     # Answered requests hand their bytes back.
-    assert s.infer("sim", sim_body(9, rows=100)).status_code == 200
-    too_big = s.infer("sim", sim_body(1, rows=400))
+    assert s.infer("sim", sim_body(9, rows=400)).status_code == 200
+    too_big = s.infer("sim", sim_body(1, rows=1600))
     assert too_big.status_code == 413 and "--max-inflight-bytes" in too_big.json()["error"]

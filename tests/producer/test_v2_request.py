@@ -216,13 +216,18 @@ def test_integers_beyond_int64_are_accepted_for_uint64_and_floats() -> None:
         [TensorSpec("out", "FP32", (-1,))],
     )
     body = _json(
-        {"inputs": [_input("u", "UINT64", [2], [0, 2**64 - 1]), _input("f", "FP64", [1], [2**70])]}
+        {
+            "inputs": [
+                _input("u", "UINT64", [2], [0, 2**64 - 1]),
+                _input("f", "FP64", [2], [2**70, 1]),
+            ]
+        }
     )
 
     u, f = parse_infer_request(body, None, model).inputs
 
     assert _as_numpy(u).tolist() == [0, 2**64 - 1]
-    assert _as_numpy(f).tolist() == [float(2**70)]
+    assert _as_numpy(f).tolist() == [float(2**70), 1.0]
 
 
 @pytest.mark.parametrize(
@@ -243,10 +248,28 @@ def test_large_integers_keep_every_digit_when_numpy_would_go_through_float(
     assert _as_numpy(tensor).tolist() == [int(v) for v in values]
 
 
-def test_empty_tensor_is_accepted() -> None:
-    body = _json({"inputs": [_input("input", "FP32", [0, 64], [])]})
-    [tensor] = parse_infer_request(body, None, DIGITS).inputs
-    assert tensor.shape == (0, 64) and tensor.data == b""
+def test_zero_rows_are_refused_before_they_reach_the_model() -> None:
+    # A model cannot run nothing: its failure would count toward its breaker (issue #21).
+    message = _bad_input(DIGITS, _input("input", "FP32", [0, 64], []))
+    assert "0 rows" in message and "at least one" in message
+
+
+def test_a_variable_dimension_of_size_zero_is_refused() -> None:
+    model = _model(
+        "tokens", [TensorSpec("ids", "INT64", (-1, -1))], [TensorSpec("out", "FP32", (-1,))]
+    )
+    message = _bad_input(model, _input("ids", "INT64", [2, 0], []))
+    assert "dimension 1 of size 0" in message
+
+
+def test_inputs_with_different_row_counts_are_refused() -> None:
+    message = _rejects(
+        _types_request(
+            u8=_input("u8", "UINT8", [3], [1, 2, 3]), i64=_input("i64", "INT64", [2], [1, 2])
+        ),
+        TYPES,
+    )
+    assert "same number of rows" in message and "'i64'" in message
 
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
@@ -355,21 +378,21 @@ def test_tritonclient_binary_bytes_and_mixed_inputs_round_trip() -> None:
         [
             TensorSpec("text", "BYTES", (-1,)),
             TensorSpec("ids", "INT32", (-1, 2)),
-            TensorSpec("flag", "BOOL", (1,)),
+            TensorSpec("flag", "BOOL", (-1,)),
         ],
         [TensorSpec("reply", "BYTES", (-1,))],
     )
-    text = np.array([b"one", b"\xff\x00binary", b""], dtype=object)
+    text = np.array([b"\xff\x00binary", b""], dtype=object)
     ids = np.array([[1, -2], [3, 2**31 - 1]], dtype=np.int32)
-    flag = np.array([True])
-    a = triton.InferInput("text", [3], "BYTES").set_data_from_numpy(text, binary_data=True)
+    flag = np.array([True, False])
+    a = triton.InferInput("text", [2], "BYTES").set_data_from_numpy(text, binary_data=True)
     b = triton.InferInput("ids", [2, 2], "INT32").set_data_from_numpy(ids, binary_data=False)
-    c = triton.InferInput("flag", [1], "BOOL").set_data_from_numpy(flag, binary_data=True)
+    c = triton.InferInput("flag", [2], "BOOL").set_data_from_numpy(flag, binary_data=True)
     body, header_length = _triton_request(a, b, c)
 
     t_text, t_ids, t_flag = parse_infer_request(body, header_length, model).inputs
 
-    assert _as_numpy(t_text).tolist() == [b"one", b"\xff\x00binary", b""]
+    assert _as_numpy(t_text).tolist() == [b"\xff\x00binary", b""]
     np.testing.assert_array_equal(_as_numpy(t_ids), ids)
     np.testing.assert_array_equal(_as_numpy(t_flag), flag)
 

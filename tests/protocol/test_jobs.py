@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from protocol.jobs import FINAL_STATUSES, JobRecord, JobStatus
+from protocol.jobs import (
+    FINAL_STATUSES,
+    JOB_ID_LENGTH,
+    JOB_ID_RANDOM_BYTES,
+    JobRecord,
+    JobStatus,
+    job_id_issued_ms,
+    job_id_key,
+    new_job_id,
+)
 
 DONE = JobRecord(
     id="j",
@@ -54,3 +63,14 @@ def test_a_record_as_it_was_in_an_earlier_status_lacks_what_later_moves_set():
     queued = DONE.at(JobStatus.QUEUED)
     assert (queued.started_ms, queued.webhook) == (0, DONE.webhook)
     assert DONE.at(JobStatus.SUCCEEDED) is DONE
+
+
+def test_a_job_id_tells_its_issue_time_only_to_the_key_that_made_it() -> None:
+    key, other = job_id_key("deployment"), job_id_key("another")
+    job_id = new_job_id(1_796_000_000_000, bytes(range(JOB_ID_RANDOM_BYTES)), key)
+    assert len(job_id) == JOB_ID_LENGTH
+    assert job_id_issued_ms(job_id, key) == 1_796_000_000_000
+    assert job_id_issued_ms(job_id, other) is None  # a forgery, or another deployment's id
+    flipped = job_id[:10] + ("A" if job_id[10] != "A" else "B") + job_id[11:]
+    assert job_id_issued_ms(flipped, key) is None  # a typo
+    assert job_id_issued_ms("A" * 22, key) is None  # the format issued before

@@ -16,7 +16,7 @@ from protocol.deadline import (
     redis_time_ms,
     remaining_ms,
 )
-from protocol.jobs import JOB_ID_RANDOM_BYTES, new_job_id
+from protocol.jobs import JOB_ID_RANDOM_BYTES, job_id_key, new_job_id
 from protocol.keys import (
     GROUP,
     JOB_TAG_CHARS,
@@ -31,6 +31,8 @@ from protocol.keys import (
     job_tag,
 )
 from protocol.tensor import Tensor, pack_bytes_elements
+
+KEY = job_id_key("test")
 
 # --------------------------------------------------------------------------------------------
 # Keys
@@ -136,7 +138,7 @@ def test_the_dead_letter_stream_shares_the_slot_of_partition_0() -> None:
 def test_a_job_record_shares_its_idempotency_keys_slot_when_its_id_carries_the_tag() -> None:
     keys = Keys()
     tag = idempotency_tag_bytes("digits", "scan-0001")
-    job_id = new_job_id(1_796_000_000_000, tag + bytes(JOB_ID_RANDOM_BYTES - len(tag)))
+    job_id = new_job_id(1_796_000_000_000, tag + bytes(JOB_ID_RANDOM_BYTES - len(tag)), KEY)
     assert job_tag(job_id) == idempotency_tag("digits", "scan-0001")
     assert len(job_tag(job_id)) == JOB_TAG_CHARS
     assert hash_tag(keys.job(job_id)) == hash_tag(keys.idempotency("digits", "scan-0001"))
@@ -146,7 +148,7 @@ def test_a_job_record_shares_its_idempotency_keys_slot_when_its_id_carries_the_t
 
 
 def test_jobs_issued_together_spread_over_tags() -> None:
-    ids = [new_job_id(1_796_000_000_000, bytes([i]) * JOB_ID_RANDOM_BYTES) for i in range(50)]
+    ids = [new_job_id(1_796_000_000_000, bytes([i]) * JOB_ID_RANDOM_BYTES, KEY) for i in range(50)]
     assert len({job_tag(i) for i in ids}) == 50  # the tag is random bits, not the issue time
 
 
