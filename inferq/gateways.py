@@ -112,8 +112,9 @@ class FleetSettings:
 def gateway_specs(
     args: argparse.Namespace, redis_url: str, listeners: list[socket.socket]
 ) -> list[ChildSpec]:
-    """One supervised slot per listening socket. Secrets (the admin token) travel in the
-    environment: the process list shows every user of the host the command line."""
+    """One supervised slot per listening socket. Secrets (the Redis URL, which may hold a
+    password, the admin token, the webhook key) travel in the environment: the process list
+    shows every user of the host the command line."""
     argv, env = forward_argv(args, [GatewaySettings], redis=redis_url)
     return [
         ChildSpec(

@@ -59,24 +59,32 @@ class UpSettings:
     )
 
 
-def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> list[str]:
+def _worker_argv(
+    args: argparse.Namespace, redis_url: str, index: int = 0
+) -> tuple[list[str], dict[str, str]]:
+    """Worker ``index``'s arguments, and the variables that carry its secrets (the Redis URL,
+    which may hold a password: never on a command line, which ``ps`` shows every user)."""
     port = args.metrics_port + index if args.metrics_port else 0
-    argv, _ = forward_argv(args, [WorkerSettings], redis=redis_url, metrics_port=port)
-    return ["worker", *argv]
+    argv, env = forward_argv(args, [WorkerSettings], redis=redis_url, metrics_port=port)
+    return ["worker", *argv], env
 
 
 def _worker_specs(args: argparse.Namespace, redis_url: str) -> list[ChildSpec]:
     prefix = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-    return [
-        ChildSpec(
-            name=f"worker {i}",
-            role="worker",
-            # Not forwarded from up's own flags (--worker-id is not for sharing): one name per
-            # slot, kept across restarts, so a replacement runs what its predecessor held.
-            argv=(*_worker_argv(args, redis_url, i), "--worker-id", f"{prefix}-{i}"),
+    specs = []
+    for i in range(args.workers):
+        argv, env = _worker_argv(args, redis_url, i)
+        specs.append(
+            ChildSpec(
+                name=f"worker {i}",
+                role="worker",
+                # Not forwarded from up's own flags (--worker-id is not for sharing): one name
+                # per slot, kept across restarts, so a replacement runs what its predecessor held.
+                argv=(*argv, "--worker-id", f"{prefix}-{i}"),
+                env=env,
+            )
         )
-        for i in range(args.workers)
-    ]
+    return specs
 
 
 def _wait_ready(url: str, supervisor: Supervisor, stop: threading.Event) -> bool:

@@ -116,13 +116,14 @@ def test_worker_with_a_missing_model_exits_with_a_clear_message(tmp_path, capsys
     assert "model 'nope' not found" in capsys.readouterr().err
 
 
-def _processes_mentioning(text: str) -> list[int]:
+def _processes_mentioning(text: str, where: str = "cmdline") -> list[int]:
+    """Processes whose command line (or ``where="environ"``: environment) holds ``text``."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmdline = Path(f"/proc/{pid}/{where}").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         if text in cmdline and int(pid) != os.getpid():
@@ -182,8 +183,10 @@ def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
         labels = next(o for o in r.json()["outputs"] if o["name"] == "label")["data"]
         samples = json.loads((REPO_ROOT / "models/digits/samples.json").read_text())
         assert labels == samples["labels"][:1]
-        # redis-server (its process title) and the gateway and both workers (their --redis).
-        assert len(_processes_mentioning(f"127.0.0.1:{redis_port}")) == 4
+        # redis-server (its process title) and the gateway and both workers (their Redis URL
+        # comes in the environment, never on the command line, which may carry a password).
+        assert len(_processes_mentioning(f"127.0.0.1:{redis_port}")) == 1
+        assert len(_processes_mentioning(f"127.0.0.1:{redis_port}", "environ")) == 3
     finally:
         proc.send_signal(signal.SIGINT)
         try:
