@@ -23,7 +23,7 @@ from consumer.context import WorkerContext
 from consumer.control import ModelControl
 from consumer.dispatcher import Dispatcher
 from consumer.ledger import Ledger
-from consumer.metrics import MetricsServer, WorkerMetrics
+from consumer.metrics import WorkerMetrics
 from consumer.model import ServedModel
 from consumer.outgoing import Outcomes
 from consumer.reader import Reader, ReadGroup
@@ -50,6 +50,7 @@ from runtime.connections import RedisClock, redact
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
 from runtime.loops import LoopCrashed, Loops
+from runtime.metrics import MetricsServer
 from runtime.readconn import BlockingReads
 
 log = structlog.get_logger("inferq.worker")

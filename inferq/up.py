@@ -31,7 +31,7 @@ import structlog
 
 from consumer.settings import WorkerSettings
 from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
-from inferq.gateways import ListenError, bind_listeners, gateway_specs
+from inferq.gateways import ListenError, bind_listeners, gateway_specs, metrics_base
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
 from inferq.supervisor import ChildSpec, EventLog, Supervisor, spawn_inferq, supervise
 from protocol.argtypes import positive_int
@@ -142,6 +142,20 @@ def _start_redis(args: argparse.Namespace) -> tuple[str, RedisServer | None]:
     return server.url, server
 
 
+def _scrape_targets(args: argparse.Namespace, host: str) -> str:
+    """Where Prometheus finds every process's metrics (one target per process)."""
+    base = metrics_base(args.gateway_metrics_port, args.gateways)
+    if base:
+        gateways = ", ".join(f"{host}:{base + i}" for i in range(args.gateways))
+    else:
+        gateways = f"{host}:{args.port}"
+    line = f"Metrics (Prometheus targets): gateway(s) {gateways}"
+    if args.metrics_port:
+        workers = ", ".join(f"{host}:{args.metrics_port + i}" for i in range(args.workers))
+        line += f"; worker(s) {workers}"
+    return line + "."
+
+
 def _restart_summary(restarts: dict[str, int]) -> str:
     total = sum(restarts.values())
     if not total:
@@ -189,6 +203,7 @@ def run_up(args: argparse.Namespace) -> int:
                 f"\ninferq is serving at {url}{grpc} with {args.workers} worker(s) and "
                 f"{args.gateways} gateway(s). Try:\n\n"
                 f"  {example_curl(url, args.model_repository)}\n\n"
+                f"{_scrape_targets(args, host)}\n"
                 "Ctrl-C stops everything; a process that exits is restarted.\n",
                 flush=True,
             )

@@ -9,8 +9,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 import runtime
-from consumer.metrics import MetricsServer, WorkerMetrics
-from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
+from consumer.metrics import WorkerMetrics
+from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, MetricsServer
 
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_requests_total": ("counter", ("model", "version", "status")),

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from inferq.cli import build_parser, main
+from inferq.gateways import gateway_specs
 from inferq.redisserver import free_port
 from tests.support import missing
 
@@ -87,6 +89,28 @@ def test_up_serves_worker_metrics_from_port_8002_by_default():
     assert not 9090 <= build_parser({}).parse_args(["worker"]).metrics_port <= 9999
     assert build_parser({"INFERQ_METRICS_PORT": "9200"}).parse_args(["up"]).metrics_port == 9200
     assert build_parser({}).parse_args(["up", "--metrics-port", "0"]).metrics_port == 0
+
+
+@pytest.mark.parametrize(
+    ("flags", "ports"),
+    [
+        ([], [0]),  # one gateway: its /metrics on the shared port is the whole process
+        (["--gateways", "3"], [8100, 8101, 8102]),  # several: each its own, 8100 + i
+        (["--gateways", "2", "--gateway-metrics-port", "9000"], [9000, 9001]),
+        (["--gateways", "2", "--gateway-metrics-port", "0"], [0, 0]),
+        (["--gateway-metrics-port", "9000"], [9000]),
+    ],
+)
+def test_each_gateway_gets_a_metrics_port_of_its_own_when_several_share_one(flags, ports):
+    args = build_parser({}).parse_args(["up", *flags])
+    listeners = [socket.socket() for _ in range(args.gateways)]
+    try:
+        specs = gateway_specs(args, "redis://127.0.0.1:1/0", listeners)
+    finally:
+        for sock in listeners:
+            sock.close()
+    given = [int(s.argv[s.argv.index("--gateway-metrics-port") + 1]) for s in specs]
+    assert given == ports
 
 
 @pytest.mark.parametrize("command", ["gateway", "worker"])
