@@ -7,6 +7,11 @@ each restart is logged and counted. Children are started with the parent-death s
 the stack, in order: workers drain first, then the gateways, then a private Redis. A second
 Ctrl-C kills what is still running.
 
+A private redis-server (started when none answers at ``--redis``) is supervised the same way:
+it keeps an AOF in its folder, and one that exits is started again on the same port and folder,
+so it replays what it held; gateways and workers reconnect with backoff meanwhile. A Redis that
+``inferq up`` found running is not its to restart.
+
 Worker ``i`` keeps one consumer name across restarts, so its replacement finds the entries it
 held in its own pending list and runs them at once (no wait for ``--claim-idle-ms``).
 """
@@ -33,7 +38,15 @@ from consumer.settings import WorkerSettings
 from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
 from inferq.gateways import ListenError, bind_listeners, gateway_specs, metrics_base
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
-from inferq.supervisor import ChildSpec, EventLog, Supervisor, spawn_inferq, supervise
+from inferq.supervisor import (
+    ChildSpec,
+    EventLog,
+    Process,
+    Spawn,
+    Supervisor,
+    spawn_inferq,
+    supervise,
+)
 from protocol.argtypes import positive_int
 from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
 from protocol.options import forward_argv, option
@@ -41,6 +54,8 @@ from runtime.connections import redact
 from runtime.logging import configure
 
 READY_TIMEOUT_S = 60.0
+REDIS_STOP_TIMEOUT_S = 10.0
+"""How long a private redis-server may take to flush its AOF and exit on SIGTERM."""
 
 log = structlog.get_logger("inferq.up")
 
@@ -126,20 +141,47 @@ def example_curl(url: str, repository: Path) -> str:
     )
 
 
+PRIVATE_REDIS_ARGS = ("--appendonly", "yes", "--appendfsync", "everysec")
+"""A private redis-server keeps an append-only file, so that a restart after a crash (which the
+supervisor does) replays the queued requests, pending entries, groups and job records."""
+
+
 def _start_redis(args: argparse.Namespace) -> tuple[str, RedisServer | None]:
     """The Redis to use: ``--redis`` if it answers, else a private redis-server."""
     if answers(args.redis_url):
         print(f"inferq up: using the Redis at {redact(args.redis_url)}", flush=True)
         return args.redis_url, None
     try:
-        server = RedisServer().start()
+        server = RedisServer(extra_args=PRIVATE_REDIS_ARGS).start()
     except RedisServerError as e:
         print(f"inferq up: no Redis answers at {redact(args.redis_url)} and {e}", file=sys.stderr)
         if "PATH" not in str(e):
             print(f"inferq up: {INSTALL_HINT}", file=sys.stderr)
         raise
-    print(f"inferq up: started a private redis-server at {server.url}", flush=True)
+    print(
+        f"inferq up: started a private redis-server at {server.url} (AOF in {server.folder}; "
+        "restarted from it if it exits)",
+        flush=True,
+    )
     return server.url, server
+
+
+def _redis_specs(server: RedisServer | None) -> list[ChildSpec]:
+    """The private redis-server as a supervised slot (its first process already runs)."""
+    return [] if server is None else [ChildSpec(name="redis-server", role="redis", argv=())]
+
+
+def _spawner(server: RedisServer | None) -> Spawn:
+    """How the supervisor starts each slot: ``inferq`` children by ``spawn_inferq``, the private
+    Redis by ``RedisServer.spawn``, which hands over the running process or starts a new one on
+    the same port and folder."""
+
+    def spawn(spec: ChildSpec) -> Process:
+        if spec.role == "redis" and server is not None:
+            return server.spawn()
+        return spawn_inferq(spec)
+
+    return spawn
 
 
 def _scrape_targets(args: argparse.Namespace, host: str) -> str:
@@ -182,8 +224,12 @@ def run_up(args: argparse.Namespace) -> int:
                 print(f"inferq up: {e}", file=sys.stderr)
                 return EXIT_FAILED
             supervisor = Supervisor(
-                [*_worker_specs(args, redis_url), *gateway_specs(args, redis_url, listeners)],
-                spawn=spawn_inferq,
+                [
+                    *_redis_specs(server),
+                    *_worker_specs(args, redis_url),
+                    *gateway_specs(args, redis_url, listeners),
+                ],
+                spawn=_spawner(server),
                 on_event=EventLog(log),
             )
             supervisor.start()
@@ -216,7 +262,11 @@ def run_up(args: argparse.Namespace) -> int:
             if supervisor is not None:
                 # Workers first, so they drain into gateways that still listen for replies.
                 supervisor.stop(
-                    [("worker", args.drain_timeout_s + 5), ("gateway", GATEWAY_STOP_TIMEOUT_S)],
+                    [
+                        ("worker", args.drain_timeout_s + 5),
+                        ("gateway", GATEWAY_STOP_TIMEOUT_S),
+                        ("redis", REDIS_STOP_TIMEOUT_S),
+                    ],
                     force=signals.force,
                 )
                 print(f"inferq up: stopped; {_restart_summary(supervisor.restarts)}", flush=True)

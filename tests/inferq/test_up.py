@@ -7,6 +7,7 @@ simulated model ``sim``, and reads the JSON log lines ``inferq up`` writes about
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -252,3 +253,49 @@ def test_inferq_gateway_with_two_gateways_serves_one_port(redis_url, namespace, 
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert out.count('"event": "gateway stopped"') == 2
+
+
+def _in_aof(folder: Path, *texts: str) -> bool:
+    """Whether Redis has written every text to its append-only files (its page cache, which
+    survives a SIGKILL of the process)."""
+    written = b"".join(f.read_bytes() for f in folder.glob("appendonlydir/*.aof"))
+    return all(t.encode() in written for t in texts)
+
+
+def test_a_private_redis_that_dies_is_restarted_from_its_aof_and_the_queued_jobs_complete(
+    namespace, model_repo
+):
+    with up_processes("redis://127.0.0.1:1/0", namespace, model_repo, "--models", "sim") as start:
+        u = start("--workers", "1")
+        u.wait_ready()
+        (line,) = [x for x in u.lines if "started a private redis-server" in x]
+        assert "restarted from it if it exits" in line
+        folder = Path(line.split("AOF in ", 1)[1].split(";", 1)[0])
+        worker = u.pid("worker 0")
+        os.kill(worker, signal.SIGSTOP)  # nothing runs: the jobs stay queued in Redis
+        try:
+            with httpx.Client(base_url=u.url, timeout=30) as c:
+                ids = []
+                for i in range(5):
+                    r = c.post("/v2/models/sim/jobs", json=sim_body(i))
+                    assert r.status_code == 202
+                    ids.append(r.json()["id"])
+                u.wait_for(lambda: _in_aof(folder, *ids), "the jobs in the AOF")
+                subprocess.run(["kill", "-9", str(u.pid("redis-server"))], check=True)
+                u.wait_for(
+                    lambda: u.events("child restarted", child="redis-server") != [],
+                    "redis-server restarted",
+                )
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        (exited,) = u.events("child exited", child="redis-server")
+        assert exited["exit"] == "killed by SIGKILL"
+        with httpx.Client(base_url=u.url, timeout=60) as c:
+            for i, job in enumerate(ids):
+                done = c.get(f"/v2/jobs/{job}", params={"wait": 30}).json()
+                assert done["status"] == "succeeded", done
+                assert done["result"]["outputs"][0]["data"] == [4.0 * i]
+            assert _correct(7, c.post("/v2/models/sim/infer", json=sim_body(7)))
+        assert u.stop() == 0
+        assert u.lines[-1] == "inferq up: stopped; 1 restart(s) (redis-server: 1)"
+        assert not folder.exists()  # the private folder goes with the stack

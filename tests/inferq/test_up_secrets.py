@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from inferq.redisserver import RedisServer, free_port
-from tests.support import sim_body
+from tests.support import free_port_pair, sim_body
 from tests.upstack import UpProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -61,7 +61,7 @@ def _models_status(url: str, namespace: str) -> str:
 def test_no_secret_reaches_argv_logs_metrics_error_bodies_or_models_status(
     protected, namespace, model_repo
 ):
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, gateway_metrics = free_port(), free_port(), free_port_pair()
     env = {
         **os.environ,
         "INFERQ_REDIS_URL": protected.url,
@@ -74,6 +74,7 @@ def test_no_secret_reaches_argv_logs_metrics_error_bodies_or_models_status(
         "--port", str(port),
         "--grpc-port", "0",
         "--metrics-port", str(metrics_port),
+        "--gateway-metrics-port", str(gateway_metrics),
         "--model-repository", str(model_repo),
         "--models", "sim",
         "--workers", "1",
@@ -102,8 +103,10 @@ def test_no_secret_reaches_argv_logs_metrics_error_bodies_or_models_status(
                 c.post("/v2/repository/index", headers={"Authorization": "Bearer wrong"}),
             ]
             assert all(400 <= r.status_code < 500 for r in bodies), [r.status_code for r in bodies]
+            ports = [metrics_port, gateway_metrics, gateway_metrics + 1]
             seen["metrics"] = "\n".join(
-                [c.get("/metrics").text, httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text]
+                [c.get("/metrics").text]
+                + [httpx.get(f"http://127.0.0.1:{p}/metrics").text for p in ports]
             )
             # Redis gone: the errors that name it (readiness, a refused request, the log).
             protected.stop()
