@@ -22,6 +22,7 @@ from consumer.backends import BackendError
 from consumer.context import WorkerContext
 from consumer.control import ModelControl
 from consumer.dispatcher import Dispatcher
+from consumer.leases import JobLeases, lease_ms
 from consumer.ledger import Ledger
 from consumer.metrics import WorkerMetrics
 from consumer.model import ServedModel
@@ -41,7 +42,7 @@ from consumer.slots import ModelSlot, ModelSlots
 from consumer.stats import WorkerStats
 from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
-from protocol.jobs import TRANSITION_SCRIPT
+from protocol.jobs import CLAIM_SCRIPT, RENEW_SCRIPT, TRANSITION_SCRIPT
 from protocol.keys import Keys, hash_tag, is_valid_name
 from protocol.registry import WorkerInfo
 from runtime import tracing
@@ -234,6 +235,12 @@ class Worker:
         """The writer, where every part's outcomes go, and the context every part takes."""
         assert self.broker is not None
         self._transition: Script = self.broker.script(TRANSITION_SCRIPT)
+        self.leases = JobLeases(
+            self.id,
+            lease_ms(self.settings.heartbeat_s),
+            claim=self.broker.script(CLAIM_SCRIPT),
+            renew=self.broker.script(RENEW_SCRIPT),
+        )
         self._writer = ResultWriter(
             self.broker,
             self.ledger,
@@ -363,6 +370,7 @@ class Worker:
             describe=self._describe,
             statistics=self.stats.inference.encode,
             eviction=self.eviction,
+            leases=self.leases,
         )
         assert self.broker is not None
         self.reclaimer = Reclaimer(self.context, self.broker, self._reader)
@@ -374,7 +382,7 @@ class Worker:
             self.context,
             slot,
             redis=self._redis,
-            transition=self._transition,
+            leases=self.leases,
             reader=self._reader,
         )
 
