@@ -161,3 +161,24 @@ def test_a_job_left_running_by_a_sigkilled_worker_is_run_again_by_another_and_su
         if first.poll() is None:
             first.kill()
             first.wait()
+
+
+def test_a_job_left_running_by_a_lost_worker_past_its_deadline_ends_failed(stack, r):
+    s = stack(workers=1, models=("sim",))
+    s.wait_ready("sim")
+    (worker,) = s.workers
+    key = Keys(s.namespace).job
+    with s.client() as c:
+        with worker.paused():
+            r2 = c.post("/v2/models/sim/jobs", json=sim_body(1, timeout=200_000))  # 200 ms
+            assert r2.status_code == 202
+            job_id = r2.json()["id"]
+            # Started by a worker that died: running, its lease long lapsed.
+            r.hset(
+                key(job_id), mapping={"status": "running", "worker": "gone", "lease_until_ms": 1}
+            )
+            deadline_ms = int(r.hget(key(job_id), "deadline_ms"))
+            wait_until(lambda: int(r.time()[0]) * 1000 > deadline_ms + 1000, 10, "the deadline")
+        done = _final(c, job_id)
+    assert done["status"] == "failed", done
+    assert "stopped renewing its lease" in done["error"]
