@@ -211,7 +211,7 @@ class ResultWriter:
                     self._transition.queue(pipe, [job.key], running)
                     moves += 1
                 pipe.pexpire(job.key, max(1, job.ttl_ms))
-                event: dict[str, Any] = {JOB_EVENT_FIELD: job.job_id}
+                event: dict[bytes, Any] = {JOB_EVENT_FIELD: job.job_id}
                 if job.if_running is None:  # else either move: readers re-read the record
                     event[EVENT_STATUS_FIELD] = job.args[0]
                 pipe.xadd(self._job_events, event, maxlen=JOB_EVENTS_MAXLEN, approximate=True)
