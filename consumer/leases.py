@@ -3,10 +3,12 @@
 
 The dispatcher claims a batch's jobs here before it runs them and lets them go when the batch
 is over; the advertiser's heartbeat renews every lease held meanwhile. A lease is three
-heartbeats long, so one or two missed beats (a slow Redis) do not lose it, and shorter than the
-time a dead worker's entries take to be reclaimed (at least ``claim_idle_ms`` less a third of
-it plus a reclaimer pass), so the worker that reclaims them finds the lease lapsed and runs the
-job again. Should it still find it live (a heartbeat much slower than ``--claim-idle-ms``), it
+heartbeats long, so one or two missed beats (a slow Redis) do not lose it, but at most a third
+of ``claim_idle_ms``: a dead worker's entries become reclaimable ``claim_idle_ms`` after their
+last renewal, which comes at least every third of it plus a reclaimer pass, so the worker that
+reclaims them finds the lease lapsed and runs the job again. A lease that lapses while its
+worker lives is harmless: nobody else gets the job's entry while that worker renews it, and the
+worker itself claims again under its own name. Should a reclaimer still find a lease live, it
 leaves the entry pending for a later reclaim instead of dropping it.
 """
 
@@ -17,12 +19,10 @@ from collections.abc import Iterable, Sequence
 from protocol.jobs import Claim
 from runtime.broker import Script
 
-MIN_LEASE_MS = 1000
 
-
-def lease_ms(heartbeat_s: float) -> int:
-    """Three heartbeats, and at least a second."""
-    return max(MIN_LEASE_MS, int(3 * heartbeat_s * 1000))
+def lease_ms(heartbeat_s: float, claim_idle_ms: int) -> int:
+    """Three heartbeats, at most a third of ``claim_idle_ms`` (and at least 1 ms)."""
+    return max(1, min(int(3 * heartbeat_s * 1000), claim_idle_ms // 3))
 
 
 class JobLeases:

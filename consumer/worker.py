@@ -237,7 +237,7 @@ class Worker:
         self._transition: Script = self.broker.script(TRANSITION_SCRIPT)
         self.leases = JobLeases(
             self.id,
-            lease_ms(self.settings.heartbeat_s),
+            lease_ms(self.settings.heartbeat_s, self.settings.claim_idle_ms),
             claim=self.broker.script(CLAIM_SCRIPT),
             renew=self.broker.script(RENEW_SCRIPT),
         )
