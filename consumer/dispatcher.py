@@ -174,6 +174,7 @@ class Dispatcher:
                     traceparent=r.traceparent,
                 )
                 self._ctx.stats.jobs_run_again += 1
+                self._ctx.metrics.observe_job_run_again(r.model)
             elif claim == Claim.LEASED:
                 leased.add(id(q))
                 log.info("job left pending: another worker runs it", job_id=r.id, model=r.model)

@@ -28,6 +28,8 @@ once, with its help text and fixed label names. Who calls what:
   ``runtime.set_policy(policy, evicting)``.
 - ``Reclaimer.reclaim``, after ``XCLAIM``: ``observe_reclaimed(model, len(claimed))``, and
   ``observe_retry(model)`` for each claimed entry that will run again (not poison).
+- ``Dispatcher._claim_jobs``, per job claimed again (a lapsed lease, a lost claim reply):
+  ``observe_job_run_again(model)``.
 - ``Worker.start``, for a model whose committed policy it cannot serve (a version the policy
   names has no folder, or does not load) and serves as its repository config says instead:
   ``observe_policy_fallback(model)``.
@@ -107,6 +109,14 @@ class WorkerMetrics:
         self.reclaimed = Counter(
             "inferq_worker_reclaimed_total",
             "Pending entries of dead or stalled workers claimed by this worker (XCLAIM), by model.",
+            model,
+            registry=r,
+        )
+        self.jobs_run_again = Counter(
+            "inferq_worker_jobs_run_again_total",
+            "Async jobs this worker claimed again and ran: found running under a lapsed lease "
+            "(their worker died or stalled) or under this worker's own claim whose reply was "
+            "lost, by model.",
             model,
             registry=r,
         )
@@ -241,6 +251,9 @@ class WorkerMetrics:
 
     def observe_retry(self, model: str, count: int = 1) -> None:
         self.retried.labels(model).inc(count)
+
+    def observe_job_run_again(self, model: str) -> None:
+        self.jobs_run_again.labels(model).inc()
 
     def observe_reclaimed(self, model: str, count: int = 1) -> None:
         self.reclaimed.labels(model).inc(count)

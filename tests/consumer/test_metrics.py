@@ -19,6 +19,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_dead_lettered_total": ("counter", ("model", "reason")),
     "inferq_worker_retried_total": ("counter", ("model",)),
     "inferq_worker_reclaimed_total": ("counter", ("model",)),
+    "inferq_worker_jobs_run_again_total": ("counter", ("model",)),
     "inferq_worker_rows_total": ("counter", ("model",)),
     "inferq_worker_queue_wait_seconds": ("histogram", ("model", "lane")),
     "inferq_worker_batch_wait_seconds": ("histogram", ("model",)),
@@ -64,6 +65,7 @@ def exercise(m: WorkerMetrics) -> None:
     m.observe_dead_letter("digits", "undecodable")
     m.observe_retry("digits")
     m.observe_reclaimed("digits", 4)
+    m.observe_job_run_again("digits")
     m.observe_replies("digits", [0.0007])
     m.observe_write_failure("digits", "oom")
     m.observe_policy_fallback("digits")

@@ -115,6 +115,8 @@ def test_a_job_whose_claim_reply_was_lost_is_run_by_that_worker_and_succeeds(sta
     assert done["status"] == "succeeded", done
     assert done["result"]["outputs"][0]["data"] == [12.0]
     assert worker.worker.stats.jobs_run_again == 1
+    again = "inferq_worker_jobs_run_again_total"
+    assert worker.worker.metrics.registry.get_sample_value(again, {"model": "sim"}) == 1
 
 
 def _worker_process(redis_url: str, namespace: str, repo: Path, worker_id: str) -> Any:
