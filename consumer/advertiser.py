@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from consumer.context import WorkerContext
+from consumer.leases import JobLeases
 from protocol.registry import WorkerInfo
 from runtime.aio import cancelling
 from runtime.eviction import EvictionCheck
@@ -35,6 +36,7 @@ class Advertiser:
         describe: Callable[[], Awaitable[WorkerInfo]],
         statistics: Callable[[], bytes],
         eviction: EvictionCheck | None = None,
+        leases: JobLeases | None = None,
     ) -> None:
         s = context.settings
         self._redis = redis
@@ -48,6 +50,7 @@ class Advertiser:
         self._interval_s = s.heartbeat_s
         self._ttl_ms = int(s.worker_ttl_s * 1000)
         self._eviction = eviction
+        self._leases = leases
         self._backoff = context.loops.backoff("heartbeat", critical=False)
 
     async def publish(self) -> None:
@@ -70,8 +73,9 @@ class Advertiser:
         await pipe.execute()
 
     async def run(self) -> None:
-        """Every ``interval_s``: publish, and check Redis's eviction policy; every 30 beats
-        resynchronise the Redis clock. A failed beat is retried sooner, with backoff."""
+        """Every ``interval_s``: publish, renew the leases of the jobs this worker runs
+        (``consumer.leases``) and check Redis's eviction policy; every 30 beats resynchronise
+        the Redis clock. A failed beat is retried sooner, with backoff."""
         beats = 0
         while not cancelling():
             await asyncio.sleep(self._interval_s)
@@ -79,6 +83,8 @@ class Advertiser:
                 if beats % 30 == 0:
                     await self._clock.sync(self._redis)
                 await self.publish()
+                if self._leases is not None:
+                    await self._leases.renew()
                 if self._eviction is not None:
                     await self._eviction.refresh(self._redis)
                 beats += 1

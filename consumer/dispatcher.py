@@ -21,14 +21,14 @@ import structlog
 
 from consumer.batcher import Queued
 from consumer.context import WorkerContext
+from consumer.leases import JobLeases
 from consumer.model import BatchOutcome, rows_of
 from consumer.slots import Delivery, ModelSlot
 from protocol.cancellation import CHECK_AFTER_MS, cancelled_of
-from protocol.jobs import JobStatus, transition_args
+from protocol.jobs import Claim, JobStatus
 from protocol.keys import JOB_EVENTS_MAXLEN
 from protocol.messages import EVENT_STATUS_FIELD, JOB_EVENT_FIELD, Kind, Status
 from runtime.aio import cancelling
-from runtime.broker import Script
 from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.worker")
@@ -51,13 +51,13 @@ class Dispatcher:
         slot: ModelSlot,
         *,
         redis: aioredis.Redis,
-        transition: Script,
+        leases: JobLeases,
         reader: ReadSide,
     ) -> None:
         self._ctx = context
         self.slot = slot
         self._redis = redis
-        self._transition = transition
+        self._leases = leases
         self._reader = reader
         self._keys = context.keys
         self._now_ms = context.clock.now_ms
@@ -77,8 +77,11 @@ class Dispatcher:
             try:
                 taken = await self._drop_cancelled(slot.take_batch())
                 batch = await self._claim_jobs(taken)
-                if batch:
-                    await self._run_batch(batch, max(q.deadline for q in taken))
+                try:
+                    if batch:
+                        await self._run_batch(batch, max(q.deadline for q in taken))
+                finally:
+                    self._leases.release(self._job_keys(batch))
             finally:
                 slot.batch_ended()
                 reader.wake()
@@ -132,22 +135,24 @@ class Dispatcher:
         ctx.put([ctx.outcomes.nothing(*d.entry) for d in dropped])
         return [q for q in batch if q.item.request.id not in gone]
 
+    def _job_keys(self, batch: list[Delivery]) -> list[str]:
+        return [self._keys.job(d.request.id) for d in batch if d.request.kind is Kind.JOB]
+
     async def _claim_jobs(self, batch: list[Queued[Delivery]]) -> list[Delivery]:
-        """Mark the batch's async jobs running; drop those cancelled or expired meanwhile.
+        """Claim the batch's async jobs (``consumer.leases``); drop those cancelled or expired
+        meanwhile, and leave those another worker runs under a live lease.
 
         The check and the change are one atomic script, so a job cancelled before this point is
-        never run, and a job claimed here can no longer be cancelled.
+        never run, and a job claimed here can no longer be cancelled. A job found running under
+        this worker's own name (its claim ran, the reply was lost) or under a lapsed lease (its
+        worker died) is claimed again and runs.
         """
         jobs = [q for q in batch if q.item.request.kind is Kind.JOB]
         if not jobs:
             return [q.item for q in batch]
         try:
-            before = await self._transition.per_key(
-                [self._keys.job(q.item.request.id) for q in jobs],
-                [
-                    JobStatus.QUEUED.value,
-                    *transition_args(JobStatus.RUNNING, started_ms=self._now_ms()),
-                ],
+            before = await self._leases.claim(
+                [self._keys.job(q.item.request.id) for q in jobs], self._now_ms()
             )
         except RETRYABLE as e:
             for q in jobs:
@@ -156,24 +161,44 @@ class Dispatcher:
             return [q.item for q in batch if q.item.request.kind is not Kind.JOB]
         self._backoff.succeeded()
         skipped: set[int] = set()
-        for q, status in zip(jobs, before, strict=True):
-            if status != JobStatus.QUEUED.value.encode():
+        leased: set[int] = set()
+        for q, claim in zip(jobs, before, strict=True):
+            r = q.item.request
+            if claim == Claim.AGAIN:
+                log.warning(
+                    "job run again: it was left running by a worker whose lease lapsed, or by "
+                    "this one's claim whose reply was lost",
+                    job_id=r.id,
+                    model=r.model,
+                    version=r.version,
+                    traceparent=r.traceparent,
+                )
+                self._ctx.stats.jobs_run_again += 1
+                self._ctx.metrics.observe_job_run_again(r.model)
+            elif claim == Claim.LEASED:
+                leased.add(id(q))
+                log.info("job left pending: another worker runs it", job_id=r.id, model=r.model)
+            elif claim != Claim.CLAIMED:
                 skipped.add(id(q))
-                r = q.item.request
                 log.info(
                     "job not run",
                     job_id=r.id,
                     model=r.model,
                     version=r.version,
-                    status=status.decode() if status else "missing",
+                    status=claim or "missing",
                     traceparent=r.traceparent,
                 )
                 self._ctx.stats.skipped_jobs += 1
+        for q in jobs:
+            if id(q) in leased:
+                # Not acknowledged: it stays pending and is reclaimed once that lease lapses.
+                self._ctx.ledger.abandon(q.item.entry)
         if skipped:
             nothing = self._ctx.outcomes.nothing
             self._ctx.put([nothing(*q.item.entry) for q in jobs if id(q) in skipped])
-        await self._announce_running([q.item.request.id for q in jobs if id(q) not in skipped])
-        return [q.item for q in batch if id(q) not in skipped]
+        gone = skipped | leased
+        await self._announce_running([q.item.request.id for q in jobs if id(q) not in gone])
+        return [q.item for q in batch if id(q) not in gone]
 
     async def _announce_running(self, job_ids: list[str]) -> None:
         """Tell the gateways (event streams, webhooks) that these jobs started. Best effort:

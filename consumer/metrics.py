@@ -28,6 +28,8 @@ once, with its help text and fixed label names. Who calls what:
   ``runtime.set_policy(policy, evicting)``.
 - ``Reclaimer.reclaim``, after ``XCLAIM``: ``observe_reclaimed(model, len(claimed))``, and
   ``observe_retry(model)`` for each claimed entry that will run again (not poison).
+- ``Dispatcher._claim_jobs``, per job claimed again (a lapsed lease, a lost claim reply):
+  ``observe_job_run_again(model)``.
 - ``Worker.start``, for a model whose committed policy it cannot serve (a version the policy
   names has no folder, or does not load) and serves as its repository config says instead:
   ``observe_policy_fallback(model)``.
@@ -41,11 +43,9 @@ clock skew does not enter it; the other stages use this process's monotonic cloc
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 import runtime
 from runtime.faults import Fault
@@ -120,6 +120,14 @@ class WorkerMetrics:
         self.reclaimed = Counter(
             "inferq_worker_reclaimed_total",
             "Pending entries of dead or stalled workers claimed by this worker (XCLAIM), by model.",
+            model,
+            registry=r,
+        )
+        self.jobs_run_again = Counter(
+            "inferq_worker_jobs_run_again_total",
+            "Async jobs this worker claimed again and ran: found running under a lapsed lease "
+            "(their worker died or stalled) or under this worker's own claim whose reply was "
+            "lost, by model.",
             model,
             registry=r,
         )
@@ -288,6 +296,9 @@ class WorkerMetrics:
     def observe_retry(self, model: str, count: int = 1) -> None:
         self.retried.labels(model).inc(count)
 
+    def observe_job_run_again(self, model: str) -> None:
+        self.jobs_run_again.labels(model).inc()
+
     def observe_reclaimed(self, model: str, count: int = 1) -> None:
         self.reclaimed.labels(model).inc(count)
 
@@ -316,40 +327,3 @@ class WorkerMetrics:
 
     def observe_write_failure(self, model: str, reason: str) -> None:
         self.write_failures.labels(model, _one_of(reason, WRITE_FAILURE_REASONS)).inc()
-
-
-class MetricsServer:
-    """``GET /metrics`` for one registry on its own port, served by prometheus_client's HTTP
-    server in a daemon thread (scrapes never wait for the event loop, and the loop never waits
-    for a scrape; the metrics are thread-safe).
-
-    ``start`` binds ``host`` (no default: the worker passes ``--metrics-host``, this machine
-    only unless told otherwise) and returns the port (``port=0`` lets the OS pick, for tests;
-    the worker treats ``--metrics-port 0`` as off and never gets here). ``stop`` blocks until
-    the serving thread has exited (up to half a second): from async code,
-    ``await asyncio.to_thread(stop)``.
-    """
-
-    def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
-        self.registry = registry
-        self.host = host
-        self.port = port
-        self._server: WSGIServer | None = None
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> int:
-        if self._server is None:
-            self._server, self._thread = start_http_server(
-                self.port, addr=self.host, registry=self.registry
-            )
-            self.port = int(self._server.server_address[1])
-        return self.port
-
-    def stop(self) -> None:
-        server, thread = self._server, self._thread
-        self._server = self._thread = None
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        if thread is not None:
-            thread.join()

@@ -31,6 +31,10 @@ class JobUpdate:
     required: JobStatus
     args: list[str | bytes | int]
     ttl_ms: int
+    if_running: list[str | bytes | int] | None = None
+    """A second move, tried after the first, for a job that is ``running`` instead: an
+    expired delivery of a job whose worker was lost while it ran it (its lease lapsed, see
+    ``consumer.leases``) fails the job rather than leave it running."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,9 +155,19 @@ class Outcomes:
             required = JobStatus.RUNNING
             args = transition_args(JobStatus.SUCCEEDED, finished_ms=now, result=payload)
         elif result.status is Status.EXPIRED:
-            required = JobStatus.QUEUED
             error = result.error or "expired"
-            args = transition_args(JobStatus.EXPIRED, finished_ms=now, error=error)
+            lost = (
+                "deadline passed before the job could be run again: the worker running it "
+                "stopped renewing its lease"
+            )
+            return JobUpdate(
+                self._keys.job(r.id),
+                r.id,
+                JobStatus.QUEUED,
+                transition_args(JobStatus.EXPIRED, finished_ms=now, error=error),
+                r.result_ttl_ms,
+                if_running=transition_args(JobStatus.FAILED, finished_ms=now, error=lost),
+            )
         else:
             required = JobStatus.RUNNING
             error = result.error or "failed"

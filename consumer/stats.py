@@ -80,6 +80,9 @@ class WorkerStats:
     dead_lettered: int = 0
     skipped_jobs: int = 0
     """Jobs read but not run: cancelled, expired or already finished."""
+    jobs_run_again: int = 0
+    """Jobs found running under a lapsed lease, or under this worker's own lost claim, and run
+    again (``consumer.leases``)."""
     cancelled: int = 0
     """Requests dropped unrun because their callers had gone (``protocol.cancellation``)."""
     recreated: int = 0

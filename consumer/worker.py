@@ -22,8 +22,9 @@ from consumer.backends import BackendError
 from consumer.context import WorkerContext
 from consumer.control import ModelControl
 from consumer.dispatcher import Dispatcher
+from consumer.leases import JobLeases, lease_ms
 from consumer.ledger import Ledger
-from consumer.metrics import MetricsServer, WorkerMetrics
+from consumer.metrics import WorkerMetrics
 from consumer.model import ServedModel
 from consumer.ondemand import OnDemand
 from consumer.outgoing import Outcomes
@@ -42,7 +43,7 @@ from consumer.slots import ModelSlot, ModelSlots
 from consumer.stats import WorkerStats
 from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
-from protocol.jobs import TRANSITION_SCRIPT
+from protocol.jobs import CLAIM_SCRIPT, RENEW_SCRIPT, TRANSITION_SCRIPT
 from protocol.keys import Keys, hash_tag, is_valid_name
 from protocol.registry import RepositoryModel, WorkerInfo
 from runtime import tracing
@@ -51,6 +52,7 @@ from runtime.connections import RedisClock, redact
 from runtime.eviction import EvictionCheck
 from runtime.faults import RETRYABLE
 from runtime.loops import LoopCrashed, Loops
+from runtime.metrics import MetricsServer
 from runtime.readconn import BlockingReads
 from runtime.wedge import NAME as WEDGE_WATCH
 from runtime.wedge import WedgeWatch
@@ -245,6 +247,12 @@ class Worker:
         """The writer, where every part's outcomes go, and the context every part takes."""
         assert self.broker is not None
         self._transition: Script = self.broker.script(TRANSITION_SCRIPT)
+        self.leases = JobLeases(
+            self.id,
+            lease_ms(self.settings.heartbeat_s, self.settings.claim_idle_ms),
+            claim=self.broker.script(CLAIM_SCRIPT),
+            renew=self.broker.script(RENEW_SCRIPT),
+        )
         self._writer = ResultWriter(
             self.broker,
             self.ledger,
@@ -375,6 +383,7 @@ class Worker:
             describe=self._describe,
             statistics=self.stats.inference.encode,
             eviction=self.eviction,
+            leases=self.leases,
         )
         assert self.broker is not None
         self.reclaimer = Reclaimer(self.context, self.broker, self._reader)
@@ -393,7 +402,7 @@ class Worker:
             self.context,
             slot,
             redis=self._redis,
-            transition=self._transition,
+            leases=self.leases,
             reader=self._reader,
         )
 

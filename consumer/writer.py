@@ -23,6 +23,7 @@ from consumer.ledger import Entry, Ledger
 from consumer.metrics import WorkerMetrics
 from consumer.outgoing import Outgoing
 from consumer.trim import TRIM_INTERVAL_S, TRIM_SCRIPT, TrimSchedule
+from protocol.jobs import JobStatus
 from protocol.keys import DLQ_MAXLEN, GROUP, JOB_EVENTS_MAXLEN
 from protocol.messages import EVENT_STATUS_FIELD, FIELD, JOB_EVENT_FIELD
 from runtime.aio import cancelling
@@ -204,14 +205,17 @@ class ResultWriter:
                 assert self._transition is not None and out.job is not None
                 job = out.job
                 self._transition.queue(pipe, [job.key], [job.required.value, *job.args])
+                moves = 1
+                if job.if_running is not None:
+                    running = [JobStatus.RUNNING.value, *job.if_running]
+                    self._transition.queue(pipe, [job.key], running)
+                    moves += 1
                 pipe.pexpire(job.key, max(1, job.ttl_ms))
-                pipe.xadd(
-                    self._job_events,
-                    {JOB_EVENT_FIELD: job.job_id, EVENT_STATUS_FIELD: job.args[0]},
-                    maxlen=JOB_EVENTS_MAXLEN,
-                    approximate=True,
-                )
-                queued.append((step, 3))
+                event: dict[bytes, Any] = {JOB_EVENT_FIELD: job.job_id}
+                if job.if_running is None:  # else either move: readers re-read the record
+                    event[EVENT_STATUS_FIELD] = job.args[0]
+                pipe.xadd(self._job_events, event, maxlen=JOB_EVENTS_MAXLEN, approximate=True)
+                queued.append((step, moves + 2))
         return queued
 
     def _check_steps(

@@ -132,12 +132,21 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
     app = create_app(settings)
     server = uvicorn.Server(server_config(app, settings))
     gateway = app.state.gateway
+    try:
+        metrics = _gateway_metrics(gateway.metrics.registry, settings)
+    except ListenError as e:
+        print(f"inferq gateway: {e}", file=sys.stderr)
+        return EXIT_USAGE
 
     def stop_server() -> None:
         server.should_exit = True
 
     gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
-    server.run(sockets=[listener])
+    try:
+        server.run(sockets=[listener])
+    finally:
+        if metrics is not None:
+            metrics.stop()
     if gateway.failure is not None:
         print(
             f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
@@ -161,6 +170,29 @@ def _gateway_listener(args: argparse.Namespace, settings: GatewaySettings) -> so
     host, port = listener.getsockname()[:2]
     structlog.get_logger("inferq.gateway").info("HTTP listening", address=f"{host}:{port}")
     return listener
+
+
+def _gateway_metrics(registry: Any, settings: GatewaySettings) -> Any:
+    """This gateway's ``/metrics`` on a port of its own (``--gateway-metrics-port``), started;
+    None when off. Raises ``ListenError``. One per process, so that with several gateways on
+    one port Prometheus scrapes each of them (see docs/monitoring.md)."""
+    from inferq.gateways import ListenError
+    from runtime.metrics import MetricsServer
+
+    if not settings.metrics_port:
+        return None
+    server = MetricsServer(registry, settings.metrics_port, settings.host)
+    try:
+        server.start()
+    except OSError as e:
+        raise ListenError(
+            f"cannot serve metrics on {settings.host}:{settings.metrics_port}: "
+            f"{e.strerror or e}; pick another with --gateway-metrics-port, or 0 for none"
+        ) from e
+    structlog.get_logger("inferq.gateway").info(
+        "metrics listening", address=f"{settings.host}:{server.port}"
+    )
+    return server
 
 
 def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:

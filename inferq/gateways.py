@@ -30,7 +30,7 @@ from inferq.supervisor import (
     spawn_inferq,
     supervise,
 )
-from producer.settings import GatewaySettings
+from producer.settings import DEFAULT_GATEWAY_METRICS_PORT, GatewaySettings
 from protocol.argtypes import positive_int
 from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
 from protocol.options import forward_argv, option
@@ -112,22 +112,42 @@ class FleetSettings:
 def gateway_specs(
     args: argparse.Namespace, redis_url: str, listeners: list[socket.socket], **override: Any
 ) -> list[ChildSpec]:
-    """One supervised slot per listening socket. Secrets (the admin token) travel in the
-    environment: the process list shows every user of the host the command line.
-    ``override``: gateway settings by field name (``workers_on_demand=True``)."""
-    argv, env = forward_argv(args, [GatewaySettings], redis=redis_url, **override)
-    return [
-        ChildSpec(
-            name=f"gateway {i}",
-            role="gateway",
-            # --gateways 1: the child serves; INFERQ_GATEWAYS in the environment must not make
-            # it a supervisor of its own.
-            argv=("gateway", *argv, "--gateways", "1", "--listen-fd", str(sock.fileno())),
-            env=env,
-            pass_fds=(sock.fileno(),),
+    """One supervised slot per listening socket. Secrets (the Redis URL, which may hold a
+    password, the admin token, the webhook key) travel in the environment: the process list
+    shows every user of the host the command line. ``override``: gateway settings by field
+    name (``workers_on_demand=True``)."""
+    base = metrics_base(args.gateway_metrics_port, len(listeners))
+    specs = []
+    for i, sock in enumerate(listeners):
+        argv, env = forward_argv(
+            args,
+            [GatewaySettings],
+            redis=redis_url,
+            metrics_port=base + i if base else 0,
+            **override,
         )
-        for i, sock in enumerate(listeners)
-    ]
+        specs.append(
+            ChildSpec(
+                name=f"gateway {i}",
+                role="gateway",
+                # --gateways 1: the child serves; INFERQ_GATEWAYS in the environment must not
+                # make it a supervisor of its own.
+                argv=("gateway", *argv, "--gateways", "1", "--listen-fd", str(sock.fileno())),
+                env=env,
+                pass_fds=(sock.fileno(),),
+            )
+        )
+    return specs
+
+
+def metrics_base(given: int | None, gateways: int) -> int:
+    """The metrics port of gateway 0 (gateway i: this + i; 0: none of their own). Unsaid, one
+    gateway needs none (its /metrics on the shared port is the only process), several get
+    ``DEFAULT_GATEWAY_METRICS_PORT`` + i: a scrape through the shared port would reach one of
+    them at random."""
+    if given is not None:
+        return given
+    return DEFAULT_GATEWAY_METRICS_PORT if gateways > 1 else 0
 
 
 def run_gateways(args: argparse.Namespace) -> int:

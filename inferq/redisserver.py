@@ -48,7 +48,9 @@ def answers(url: str, timeout_s: float = 0.5) -> bool:
 
 class RedisServer:
     """Starts ``redis-server`` in a temporary folder that ``stop`` removes, or in ``data_dir``
-    (kept, so a restart with AOF turned on replays what was written before a crash)."""
+    (kept). Either folder outlives the process until ``stop``: ``spawn`` after a crash starts it
+    again on the same port and folder, so with AOF turned on it replays what was written before
+    the crash (``inferq up`` supervises its private Redis this way)."""
 
     def __init__(
         self,
@@ -76,16 +78,39 @@ class RedisServer:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
+    @property
+    def folder(self) -> str:
+        """Where it keeps its data (the AOF, when ``extra_args`` turn it on)."""
+        if self.data_dir is not None:
+            return str(self.data_dir)
+        if self._dir is None:
+            self._dir = tempfile.TemporaryDirectory(prefix="inferq-redis-")
+        return self._dir.name
+
     def start(self, timeout_s: float = 10.0) -> RedisServer:
+        process = self.spawn(timeout_s)
+        if process.poll() is not None:
+            err = process.stderr.read().decode() if process.stderr else ""
+            self.stop()
+            raise RedisServerError(f"redis-server exited at start: {err.strip()}")
+        if not answers(self.url, 0.2):
+            self.stop()
+            raise RedisServerError(f"redis-server did not answer within {timeout_s} s")
+        return self
+
+    def spawn(self, timeout_s: float = 10.0) -> subprocess.Popen[bytes]:
+        """The server's process: this one if it runs, else a new one on the same port and
+        folder (so it replays its AOF), returned once it answers, exits or ``timeout_s`` is
+        over. It never raises for a server that fails: a supervisor (``inferq up``) sees the
+        exit and restarts it with backoff."""
+        if self._process is not None and self._process.poll() is None:
+            return self._process
         path = shutil.which(self.binary)
         if path is None:
             raise RedisServerError(f"no `{self.binary}` on PATH: {INSTALL_HINT}")
-        if self.data_dir is None:
-            self._dir = tempfile.TemporaryDirectory(prefix="inferq-redis-")
-            folder = self._dir.name
-        else:
-            folder = str(self.data_dir)
-        self._process = subprocess.Popen(
+        if self._process is not None and self._process.stderr:
+            self._process.stderr.close()
+        self._process = process = subprocess.Popen(
             [
                 path,
                 "--port",
@@ -97,7 +122,7 @@ class RedisServer:
                 "--appendonly",
                 "no",
                 "--dir",
-                folder,
+                self.folder,
                 "--loglevel",
                 "warning",
                 *(["--requirepass", self.password] if self.password else []),
@@ -110,15 +135,11 @@ class RedisServer:
             process_group=0,
         )
         deadline = time.monotonic() + timeout_s
-        while not answers(self.url, 0.2):
-            if self._process.poll() is not None:
-                err = self._process.stderr.read().decode() if self._process.stderr else ""
-                raise RedisServerError(f"redis-server exited at start: {err.strip()}")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise RedisServerError(f"redis-server did not answer within {timeout_s} s")
+        while process.poll() is None and time.monotonic() < deadline:
+            if answers(self.url, 0.2):
+                break
             time.sleep(0.05)
-        return self
+        return process
 
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:

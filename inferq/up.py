@@ -7,6 +7,11 @@ each restart is logged and counted. Children are started with the parent-death s
 the stack, in order: workers drain first, then the gateways, then a private Redis. A second
 Ctrl-C kills what is still running.
 
+A private redis-server (started when none answers at ``--redis``) is supervised the same way:
+it keeps an AOF in its folder, and one that exits is started again on the same port and folder,
+so it replays what it held; gateways and workers reconnect with backoff meanwhile. A Redis that
+``inferq up`` found running is not its to restart.
+
 Worker ``i`` keeps one consumer name across restarts, so its replacement finds the entries it
 held in its own pending list and runs them at once (no wait for ``--claim-idle-ms``).
 
@@ -46,10 +51,18 @@ from inferq.autoscale import (
     parse_worker_range,
 )
 from inferq.gateways import STOP_TIMEOUT_S as GATEWAY_STOP_TIMEOUT_S
-from inferq.gateways import ListenError, bind_listeners, gateway_specs
+from inferq.gateways import ListenError, bind_listeners, gateway_specs, metrics_base
 from inferq.redisserver import INSTALL_HINT, RedisServer, RedisServerError, answers
 from inferq.scaler import Autoscaler, BacklogProbe, UpMetrics
-from inferq.supervisor import ChildSpec, EventLog, Supervisor, spawn_inferq, supervise
+from inferq.supervisor import (
+    ChildSpec,
+    EventLog,
+    Process,
+    Spawn,
+    Supervisor,
+    spawn_inferq,
+    supervise,
+)
 from protocol.argtypes import non_negative_float, port_or_off, positive_float, positive_int
 from protocol.exits import EXIT_FAILED, EXIT_OK, StopSignals
 from protocol.keys import Keys
@@ -58,6 +71,8 @@ from runtime.connections import RedisSettings, redact
 from runtime.logging import configure
 
 READY_TIMEOUT_S = 60.0
+REDIS_STOP_TIMEOUT_S = 10.0
+"""How long a private redis-server may take to flush its AOF and exit on SIGTERM."""
 
 _TARGETS = ScalingTargets()
 
@@ -144,24 +159,32 @@ class UpSettings:
         )
 
 
-def _worker_argv(args: argparse.Namespace, redis_url: str, index: int = 0) -> list[str]:
+def _worker_argv(
+    args: argparse.Namespace, redis_url: str, index: int = 0
+) -> tuple[list[str], dict[str, str]]:
+    """Worker ``index``'s arguments, and the variables that carry its secrets (the Redis URL,
+    which may hold a password: never on a command line, which ``ps`` shows every user)."""
     port = args.metrics_port + index if args.metrics_port else 0
-    argv, _ = forward_argv(args, [WorkerSettings], redis=redis_url, metrics_port=port)
-    return ["worker", *argv]
+    argv, env = forward_argv(args, [WorkerSettings], redis=redis_url, metrics_port=port)
+    return ["worker", *argv], env
 
 
 def _worker_specs(args: argparse.Namespace, redis_url: str) -> list[ChildSpec]:
     prefix = args.worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-    return [
-        ChildSpec(
-            name=f"worker {i}",
-            role="worker",
-            # Not forwarded from up's own flags (--worker-id is not for sharing): one name per
-            # slot, kept across restarts, so a replacement runs what its predecessor held.
-            argv=(*_worker_argv(args, redis_url, i), "--worker-id", f"{prefix}-{i}"),
+    specs = []
+    for i in range(args.workers.max):
+        argv, env = _worker_argv(args, redis_url, i)
+        specs.append(
+            ChildSpec(
+                name=f"worker {i}",
+                role="worker",
+                # Not forwarded from up's own flags (--worker-id is not for sharing): one name
+                # per slot, kept across restarts, so a replacement runs what its predecessor held.
+                argv=(*argv, "--worker-id", f"{prefix}-{i}"),
+                env=env,
+            )
         )
-        for i in range(args.workers.max)
-    ]
+    return specs
 
 
 def _wait_ready(url: str, supervisor: Supervisor, stop: threading.Event) -> bool:
@@ -203,20 +226,61 @@ def example_curl(url: str, repository: Path) -> str:
     )
 
 
+PRIVATE_REDIS_ARGS = ("--appendonly", "yes", "--appendfsync", "everysec")
+"""A private redis-server keeps an append-only file, so that a restart after a crash (which the
+supervisor does) replays the queued requests, pending entries, groups and job records."""
+
+
 def _start_redis(args: argparse.Namespace) -> tuple[str, RedisServer | None]:
     """The Redis to use: ``--redis`` if it answers, else a private redis-server."""
     if answers(args.redis_url):
         print(f"inferq up: using the Redis at {redact(args.redis_url)}", flush=True)
         return args.redis_url, None
     try:
-        server = RedisServer().start()
+        server = RedisServer(extra_args=PRIVATE_REDIS_ARGS).start()
     except RedisServerError as e:
         print(f"inferq up: no Redis answers at {redact(args.redis_url)} and {e}", file=sys.stderr)
         if "PATH" not in str(e):
             print(f"inferq up: {INSTALL_HINT}", file=sys.stderr)
         raise
-    print(f"inferq up: started a private redis-server at {server.url}", flush=True)
+    print(
+        f"inferq up: started a private redis-server at {server.url} (AOF in {server.folder}; "
+        "restarted from it if it exits)",
+        flush=True,
+    )
     return server.url, server
+
+
+def _redis_specs(server: RedisServer | None) -> list[ChildSpec]:
+    """The private redis-server as a supervised slot (its first process already runs)."""
+    return [] if server is None else [ChildSpec(name="redis-server", role="redis", argv=())]
+
+
+def _spawner(server: RedisServer | None) -> Spawn:
+    """How the supervisor starts each slot: ``inferq`` children by ``spawn_inferq``, the private
+    Redis by ``RedisServer.spawn``, which hands over the running process or starts a new one on
+    the same port and folder."""
+
+    def spawn(spec: ChildSpec) -> Process:
+        if spec.role == "redis" and server is not None:
+            return server.spawn()
+        return spawn_inferq(spec)
+
+    return spawn
+
+
+def _scrape_targets(args: argparse.Namespace, host: str) -> str:
+    """Where Prometheus finds every process's metrics (one target per process)."""
+    base = metrics_base(args.gateway_metrics_port, args.gateways)
+    if base:
+        gateways = ", ".join(f"{host}:{base + i}" for i in range(args.gateways))
+    else:
+        gateways = f"{host}:{args.port}"
+    line = f"Metrics (Prometheus targets): gateway(s) {gateways}"
+    if args.metrics_port:
+        workers = ", ".join(f"{host}:{args.metrics_port + i}" for i in range(args.workers.max))
+        line += f"; worker(s) {workers}"
+    return line + "."
 
 
 def _restart_summary(restarts: dict[str, int]) -> str:
@@ -290,10 +354,11 @@ def run_up(args: argparse.Namespace) -> int:
             on_demand = {"workers_on_demand": True} if bounds.min == 0 else {}
             supervisor = Supervisor(
                 [
+                    *_redis_specs(server),
                     *_worker_specs(args, redis_url),
                     *gateway_specs(args, redis_url, listeners, **on_demand),
                 ],
-                spawn=spawn_inferq,
+                spawn=_spawner(server),
                 on_event=EventLog(log),
             )
             supervisor.start({"worker": bounds.initial})
@@ -325,6 +390,7 @@ def run_up(args: argparse.Namespace) -> int:
                 f"\ninferq is serving at {url}{grpc} with {workers} worker(s) and "
                 f"{args.gateways} gateway(s). Try:\n\n"
                 f"  {example_curl(url, args.model_repository)}\n\n"
+                f"{_scrape_targets(args, host)}\n"
                 "Ctrl-C stops everything; a process that exits is restarted.\n",
                 flush=True,
             )
@@ -339,7 +405,11 @@ def run_up(args: argparse.Namespace) -> int:
             if supervisor is not None:
                 # Workers first, so they drain into gateways that still listen for replies.
                 supervisor.stop(
-                    [("worker", args.drain_timeout_s + 5), ("gateway", GATEWAY_STOP_TIMEOUT_S)],
+                    [
+                        ("worker", args.drain_timeout_s + 5),
+                        ("gateway", GATEWAY_STOP_TIMEOUT_S),
+                        ("redis", REDIS_STOP_TIMEOUT_S),
+                    ],
                     force=signals.force,
                 )
                 print(f"inferq up: stopped; {_restart_summary(supervisor.restarts)}", flush=True)

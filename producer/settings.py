@@ -21,6 +21,10 @@ from protocol.options import option
 from runtime.settings import DEFAULT_HOST, ConnectionSettings
 
 JOB_DURABILITY = ("async", "replicated")
+DEFAULT_GATEWAY_METRICS_PORT = 8100
+"""``--gateway-metrics-port`` under ``--gateways N > 1``: gateway i serves its /metrics on
+8100 + i. Clear of the gateway's 8000 and 8001, of the workers' 8002 + i, and of 9100-9999, the
+range Prometheus' list of default port allocations gives to exporters."""
 
 
 def default_gateway_id() -> str:
@@ -73,6 +77,20 @@ class GatewaySettings(ConnectionSettings):
         env="INFERQ_GRPC_PORT",
         parse=port_or_off,
         help="port of the Open Inference Protocol over gRPC, on the same --host (0: off)",
+    )
+    metrics_port: int = option(
+        0,
+        flag="--gateway-metrics-port",
+        env="INFERQ_GATEWAY_METRICS_PORT",
+        dest="gateway_metrics_port",
+        parse=port_or_off,
+        # Unset tells apart "off" (0) from "not said": with --gateways N > 1 the supervisor
+        # then gives each gateway a port of its own (DEFAULT_GATEWAY_METRICS_PORT + i).
+        cli_default=None,
+        help="a port of the gateway's own for /metrics, on --host, besides /metrics on --port "
+        "(0: none); with --gateways N gateway i (from 0) gets this port + i, so Prometheus "
+        "scrapes each process instead of one at random through the shared port (default: "
+        f"{DEFAULT_GATEWAY_METRICS_PORT} with --gateways N > 1, else none)",
     )
     gateway_id: str = field(default_factory=default_gateway_id)
     """Names this process's reply stream; unique per process."""

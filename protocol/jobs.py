@@ -5,6 +5,16 @@ A job record is a Redis hash under ``Keys.job(id)``; ``JobRecord`` is its one co
 conditional move goes through ``TRANSITION_SCRIPT`` (atomic in Redis), so a cancel and a worker
 starting the job cannot both win: whichever runs first decides, and the model never runs a job
 that was cancelled or had expired.
+
+A running job is leased: ``CLAIM_SCRIPT`` records the worker that runs it and until when
+(``worker``, ``lease_until_ms``, Redis time), and that worker's heartbeat renews the lease
+(``RENEW_SCRIPT``). A job whose lease lapsed (its worker died, or stalled past it) is
+**re-queued**, never failed on that account: its request entry is still pending in the stream,
+and the worker that reclaims the entry claims the job again and runs it (at least once, as every
+request of a worker that dies mid-batch). The same worker claiming again finds its own name (its
+first claim ran but the reply was lost) and runs it. A job that keeps killing its workers ends
+``failed`` when its entry is dead-lettered after ``--max-deliveries``. So every accepted job
+reaches a final state.
 """
 
 from __future__ import annotations
@@ -71,6 +81,68 @@ for i, key in ipairs(KEYS) do
 end
 return out
 """
+
+
+CLAIM_SCRIPT = """
+-- A worker claims jobs it is about to run, each under a lease that its heartbeat renews
+-- (RENEW_SCRIPT), so that a job whose worker died (or whose claim's reply was lost) is run
+-- again instead of staying 'running' for good. The lease is in Redis time (TIME), so no
+-- worker's clock matters.
+-- KEYS: job records. ARGV[1]: the worker's name, ARGV[2]: the lease (ms), ARGV[3]: started_ms.
+-- Returns per key: 'claimed' (it was queued: now running here), 'again' (it was running,
+-- claimed by this worker already, whose reply was lost, or by one whose lease has lapsed: now
+-- running here, to be run again), 'leased' (running under another worker's live lease: left
+-- alone), else its status (false where the record does not exist), left alone.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local lease_until = now + tonumber(ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local f = redis.call('HMGET', key, 'status', 'worker', 'lease_until_ms')
+  if f[1] == 'queued' then
+    redis.call('HSET', key, 'status', 'running', 'started_ms', ARGV[3],
+               'worker', ARGV[1], 'lease_until_ms', lease_until)
+    out[i] = 'claimed'
+  elseif f[1] == 'running' then
+    if f[2] == ARGV[1] or (tonumber(f[3]) or 0) <= now then
+      redis.call('HSET', key, 'worker', ARGV[1], 'lease_until_ms', lease_until)
+      out[i] = 'again'
+    else
+      out[i] = 'leased'
+    end
+  else
+    out[i] = f[1]
+  end
+end
+return out
+"""
+
+RENEW_SCRIPT = """
+-- The heartbeat of a worker's running jobs: each lease this worker holds moves to now + the
+-- lease. KEYS: job records. ARGV[1]: the worker's name, ARGV[2]: the lease (ms).
+-- Returns per key 1 where it renewed the lease, 0 where not (the job finished, or another
+-- worker took it over after this one's lease lapsed).
+local t = redis.call('TIME')
+local lease_until = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+local out = {}
+for i, key in ipairs(KEYS) do
+  local f = redis.call('HMGET', key, 'status', 'worker')
+  out[i] = 0
+  if f[1] == 'running' and f[2] == ARGV[1] then
+    redis.call('HSET', key, 'lease_until_ms', lease_until)
+    out[i] = 1
+  end
+end
+return out
+"""
+
+
+class Claim(StrEnum):
+    """What ``CLAIM_SCRIPT`` did with one job (its other answers are the job's status)."""
+
+    CLAIMED = "claimed"
+    AGAIN = "again"
+    LEASED = "leased"
 
 
 SUBMIT_SCRIPT = """#!lua

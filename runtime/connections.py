@@ -25,6 +25,13 @@ class RedisSettings:
     """Connections for ordinary commands (per node of a cluster); waiting requests never hold
     one."""
 
+    def __repr__(self) -> str:
+        # Settings objects end up in logs and tracebacks: never with the password in the URL.
+        return (
+            f"RedisSettings(url={redact(self.url)!r}, socket_timeout_s={self.socket_timeout_s}, "
+            f"connect_timeout_s={self.connect_timeout_s}, pool_size={self.pool_size})"
+        )
+
 
 def redact(url: str) -> str:
     """The URL with any password replaced, for logs and messages."""

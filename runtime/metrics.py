@@ -7,9 +7,17 @@ so tests can build as many as they like and nothing registers itself on import.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Gauge, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Gauge,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
 from prometheus_client.exposition import choose_encoder
 
 LATENCY_BUCKETS: tuple[float, ...] = (
@@ -110,3 +118,41 @@ class RuntimeGauges:
             self.redis_evicting.remove(self._policy)
         self._policy = policy
         self.redis_evicting.labels(policy).set(1.0 if evicting else 0.0)
+
+
+class MetricsServer:
+    """``GET /metrics`` for one registry on its own port (a worker's ``--metrics-port``, a
+    gateway's ``--gateway-metrics-port``), served by prometheus_client's HTTP server in a daemon
+    thread (scrapes never wait for the event loop, and the loop never waits
+    for a scrape; the metrics are thread-safe).
+
+    ``start`` binds ``host`` (no default: the worker passes ``--metrics-host``, the gateway
+    its ``--host``; this machine only unless told otherwise) and returns the port (``port=0``
+    lets the OS pick, for tests; the processes treat a metrics port of 0 as off and never get
+    here). ``stop`` blocks until the serving thread has exited (up to half a second): from
+    async code, ``await asyncio.to_thread(stop)``.
+    """
+
+    def __init__(self, registry: CollectorRegistry, port: int, host: str) -> None:
+        self.registry = registry
+        self.host = host
+        self.port = port
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        if self._server is None:
+            self._server, self._thread = start_http_server(
+                self.port, addr=self.host, registry=self.registry
+            )
+            self.port = int(self._server.server_address[1])
+        return self.port
+
+    def stop(self) -> None:
+        server, thread = self._server, self._thread
+        self._server = self._thread = None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+        if thread is not None:
+            thread.join()

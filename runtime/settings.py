@@ -26,6 +26,9 @@ class ConnectionSettings:
         dest="redis_url",
         cli_default=DEFAULT_REDIS_URL,
         build=lambda url: RedisSettings(url=url),
+        # The URL may hold a password (user:password@): `inferq up` hands it to its children
+        # in the environment, where the process list does not show it.
+        secret=True,
         help="Redis URL (redis:// or rediss:// for TLS; user:password@ for AUTH)",
     )
     namespace: str = option(

@@ -19,7 +19,7 @@ import structlog
 
 from consumer.settings import DEFAULT_METRICS_PORT
 from inferq.redisserver import RedisServer
-from producer.settings import GatewaySettings
+from producer.settings import DEFAULT_GATEWAY_METRICS_PORT, GatewaySettings
 from tests.kinds import RedisUnderTest
 from tests.localcluster import LocalCluster
 from tests.support import Stack, stacks, write_simulated_model
@@ -39,6 +39,8 @@ DEFAULT_PORTS = (
     GatewaySettings().port,
     GatewaySettings().grpc_port,
     *range(DEFAULT_METRICS_PORT, DEFAULT_METRICS_PORT + 4),  # `inferq up`'s worker i: base + i
+    # `--gateways N`'s gateway i: base + i
+    *range(DEFAULT_GATEWAY_METRICS_PORT, DEFAULT_GATEWAY_METRICS_PORT + 4),
 )
 
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -33,6 +34,19 @@ from protocol.tensor import Tensor
 from runtime.connections import RedisSettings
 
 START_TIMEOUT_S = 20.0
+
+
+def free_port_pair() -> int:
+    """A port p with p + 1 also free: the metrics ports of two workers or gateways (base + i)."""
+    for _ in range(50):
+        base = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("0.0.0.0", base + 1))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError("no two consecutive free ports")
 
 
 def missing(what: str, *, module: bool = False) -> NoReturn:

@@ -117,6 +117,8 @@ def up_processes(
                 "0",
                 "--metrics-port",
                 "0",
+                "--gateway-metrics-port",
+                "0",
                 "--log-level",
                 "info",
                 *common,

@@ -9,8 +9,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 import runtime
-from consumer.metrics import LOAD_BUCKETS, MetricsServer, WorkerMetrics
-from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS
+from consumer.metrics import LOAD_BUCKETS, WorkerMetrics
+from runtime.metrics import COUNT_BUCKETS, LATENCY_BUCKETS, MetricsServer
 
 EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_requests_total": ("counter", ("model", "version", "status")),
@@ -19,6 +19,7 @@ EXPECTED: dict[str, tuple[str, tuple[str, ...]]] = {
     "inferq_worker_dead_lettered_total": ("counter", ("model", "reason")),
     "inferq_worker_retried_total": ("counter", ("model",)),
     "inferq_worker_reclaimed_total": ("counter", ("model",)),
+    "inferq_worker_jobs_run_again_total": ("counter", ("model",)),
     "inferq_worker_rows_total": ("counter", ("model",)),
     "inferq_worker_queue_wait_seconds": ("histogram", ("model", "lane")),
     "inferq_worker_batch_wait_seconds": ("histogram", ("model",)),
@@ -79,6 +80,7 @@ def exercise(m: WorkerMetrics) -> None:
     m.observe_dead_letter("digits", "undecodable")
     m.observe_retry("digits")
     m.observe_reclaimed("digits", 4)
+    m.observe_job_run_again("digits")
     m.observe_replies("digits", [0.0007])
     m.observe_write_failure("digits", "oom")
     m.observe_policy_fallback("digits")

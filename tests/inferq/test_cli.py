@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import httpx
 import pytest
 
 from inferq.cli import build_parser, main
+from inferq.gateways import gateway_specs
 from inferq.redisserver import free_port
 from tests.support import missing
 
@@ -89,6 +91,28 @@ def test_up_serves_worker_metrics_from_port_8002_by_default():
     assert build_parser({}).parse_args(["up", "--metrics-port", "0"]).metrics_port == 0
 
 
+@pytest.mark.parametrize(
+    ("flags", "ports"),
+    [
+        ([], [0]),  # one gateway: its /metrics on the shared port is the whole process
+        (["--gateways", "3"], [8100, 8101, 8102]),  # several: each its own, 8100 + i
+        (["--gateways", "2", "--gateway-metrics-port", "9000"], [9000, 9001]),
+        (["--gateways", "2", "--gateway-metrics-port", "0"], [0, 0]),
+        (["--gateway-metrics-port", "9000"], [9000]),
+    ],
+)
+def test_each_gateway_gets_a_metrics_port_of_its_own_when_several_share_one(flags, ports):
+    args = build_parser({}).parse_args(["up", *flags])
+    listeners = [socket.socket() for _ in range(args.gateways)]
+    try:
+        specs = gateway_specs(args, "redis://127.0.0.1:1/0", listeners)
+    finally:
+        for sock in listeners:
+            sock.close()
+    given = [int(s.argv[s.argv.index("--gateway-metrics-port") + 1]) for s in specs]
+    assert given == ports
+
+
 @pytest.mark.parametrize("command", ["gateway", "worker"])
 def test_an_otel_exporter_that_is_not_installed_is_a_usage_error(command, capsys):
     if importlib.util.find_spec("opentelemetry") is None:
@@ -116,13 +140,14 @@ def test_worker_with_a_missing_model_exits_with_a_clear_message(tmp_path, capsys
     assert "model 'nope' not found" in capsys.readouterr().err
 
 
-def _processes_mentioning(text: str) -> list[int]:
+def _processes_mentioning(text: str, where: str = "cmdline") -> list[int]:
+    """Processes whose command line (or ``where="environ"``: environment) holds ``text``."""
     found = []
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
         try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            cmdline = Path(f"/proc/{pid}/{where}").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
         if text in cmdline and int(pid) != os.getpid():
@@ -182,8 +207,10 @@ def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
         labels = next(o for o in r.json()["outputs"] if o["name"] == "label")["data"]
         samples = json.loads((REPO_ROOT / "models/digits/samples.json").read_text())
         assert labels == samples["labels"][:1]
-        # redis-server (its process title) and the gateway and both workers (their --redis).
-        assert len(_processes_mentioning(f"127.0.0.1:{redis_port}")) == 4
+        # redis-server (its process title) and the gateway and both workers (their Redis URL
+        # comes in the environment, never on the command line, which may carry a password).
+        assert len(_processes_mentioning(f"127.0.0.1:{redis_port}")) == 1
+        assert len(_processes_mentioning(f"127.0.0.1:{redis_port}", "environ")) == 3
     finally:
         proc.send_signal(signal.SIGINT)
         try:

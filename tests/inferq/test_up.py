@@ -7,7 +7,9 @@ simulated model ``sim``, and reads the JSON log lines ``inferq up`` writes about
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -19,7 +21,7 @@ import redis
 
 from inferq.redisserver import free_port
 from protocol.keys import Keys, hash_tag
-from tests.support import sim_body, wait_until
+from tests.support import free_port_pair, sim_body, wait_until
 from tests.upstack import UpProcess, up_processes
 
 pytestmark = pytest.mark.timeout(180)
@@ -66,6 +68,43 @@ def _replies_per_gateway(redis_url: str, namespace: str) -> dict[str, int]:
             hash_tag(key.decode()): int(r.xinfo_stream(key)["entries-added"])
             for key in r.scan_iter(match=keys.replies_pattern, _type="stream")
         }
+
+
+def _infer_200s(metrics_port: int) -> int:
+    """``inferq_gateway_requests_total`` of sim's 200s, read from one gateway's metrics port."""
+    text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("inferq_gateway_requests_total{")
+        and 'model="sim"' in line
+        and 'endpoint="infer"' in line
+        and 'status="200"' in line
+    )
+
+
+def test_each_of_several_gateways_serves_its_own_metrics_port_so_all_are_scraped(up):
+    base = free_port_pair()
+    u = up("--workers", "1", "--gateways", "2", "--gateway-metrics-port", str(base))
+    u.wait_ready()
+    # The kernel spreads new connections over both gateways; their own ports count them apart.
+    assert all(_fresh_connections(u.url, 60))
+    answered = [_infer_200s(base + i) for i in range(2)]
+    assert sum(answered) == 60 and all(n >= 5 for n in answered), answered
+    listening = u.events("metrics listening")
+    assert sorted(e["address"] for e in listening) == [f"127.0.0.1:{base + i}" for i in range(2)]
+    assert u.stop() == 0
+
+
+def test_a_gateway_metrics_port_in_use_stops_the_stack_with_the_reason(up):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        u = up("--workers", "1", "--gateway-metrics-port", str(port))
+        assert u.proc.wait(60) == 1
+        u.join()
+    assert any(f"cannot serve metrics on 127.0.0.1:{port}" in line for line in u.lines), u.lines
 
 
 def test_a_killed_worker_and_a_killed_gateway_are_replaced_and_the_restarts_counted(up):
@@ -160,7 +199,7 @@ def test_a_grpc_port_in_use_stops_the_stack_at_once_instead_of_restarting(up):
 def test_inferq_gateway_with_two_gateways_serves_one_port(redis_url, namespace, stack):
     s = stack(workers=1, models=("sim",))  # a worker (and a gateway of its own) on this Redis
     s.wait_ready("sim")
-    port = free_port()
+    port, metrics_base = free_port(), free_port_pair()
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -177,6 +216,8 @@ def test_inferq_gateway_with_two_gateways_serves_one_port(redis_url, namespace, 
             "0",
             "--gateways",
             "2",
+            "--gateway-metrics-port",
+            str(metrics_base),
             "--log-level",
             "info",
         ],
@@ -204,8 +245,57 @@ def test_inferq_gateway_with_two_gateways_serves_one_port(redis_url, namespace, 
         served = {g: after[g] - before[g] for g in after if g != ours}
         assert len(served) == 2 and all(n >= 5 for n in served.values()), served
         assert len(_children(proc.pid)) == 2
+        # Each gateway's own metrics port counts what that gateway answered, and only that.
+        answered = [_infer_200s(metrics_base + i) for i in range(2)]
+        assert sum(answered) == 60 and all(n >= 5 for n in answered), answered
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert out.count('"event": "gateway stopped"') == 2
+
+
+def _in_aof(folder: Path, *texts: str) -> bool:
+    """Whether Redis has written every text to its append-only files (its page cache, which
+    survives a SIGKILL of the process)."""
+    written = b"".join(f.read_bytes() for f in folder.glob("appendonlydir/*.aof"))
+    return all(t.encode() in written for t in texts)
+
+
+def test_a_private_redis_that_dies_is_restarted_from_its_aof_and_the_queued_jobs_complete(
+    namespace, model_repo
+):
+    with up_processes("redis://127.0.0.1:1/0", namespace, model_repo, "--models", "sim") as start:
+        u = start("--workers", "1")
+        u.wait_ready()
+        (line,) = [x for x in u.lines if "started a private redis-server" in x]
+        assert "restarted from it if it exits" in line
+        folder = Path(line.split("AOF in ", 1)[1].split(";", 1)[0])
+        worker = u.pid("worker 0")
+        os.kill(worker, signal.SIGSTOP)  # nothing runs: the jobs stay queued in Redis
+        try:
+            with httpx.Client(base_url=u.url, timeout=30) as c:
+                ids = []
+                for i in range(5):
+                    r = c.post("/v2/models/sim/jobs", json=sim_body(i))
+                    assert r.status_code == 202
+                    ids.append(r.json()["id"])
+                u.wait_for(lambda: _in_aof(folder, *ids), "the jobs in the AOF")
+                subprocess.run(["kill", "-9", str(u.pid("redis-server"))], check=True)
+                u.wait_for(
+                    lambda: u.events("child restarted", child="redis-server") != [],
+                    "redis-server restarted",
+                )
+        finally:
+            os.kill(worker, signal.SIGCONT)
+        (exited,) = u.events("child exited", child="redis-server")
+        assert exited["exit"] == "killed by SIGKILL"
+        with httpx.Client(base_url=u.url, timeout=60) as c:
+            for i, job in enumerate(ids):
+                done = c.get(f"/v2/jobs/{job}", params={"wait": 30}).json()
+                assert done["status"] == "succeeded", done
+                assert done["result"]["outputs"][0]["data"] == [4.0 * i]
+            assert _correct(7, c.post("/v2/models/sim/infer", json=sim_body(7)))
+        assert u.stop() == 0
+        assert u.lines[-1] == "inferq up: stopped; 1 restart(s) (redis-server: 1)"
+        assert not folder.exists()  # the private folder goes with the stack

@@ -100,7 +100,7 @@ def test_up_forwards_every_gateway_and_worker_option_unchanged():
 def test_up_hands_the_admin_token_down_in_the_environment_only():
     up = build_parser({"INFERQ_ADMIN_TOKEN": "s3cret"}).parse_args(["up"])
     argv, env = forward_argv(up, [GatewaySettings])
-    assert env == {"INFERQ_ADMIN_TOKEN": "s3cret"}
+    assert env["INFERQ_ADMIN_TOKEN"] == "s3cret"
     assert "--admin-token" not in argv
 
 
@@ -129,8 +129,16 @@ def test_a_worker_binds_its_metrics_to_this_machine_only_unless_told():
 
 def test_overrides_replace_a_forwarded_value():
     up = build_parser({}).parse_args(["up"])
-    argv, _ = forward_argv(up, [WorkerSettings], redis="redis://127.0.0.1:1234/0")
-    assert argv[argv.index("--redis") + 1] == "redis://127.0.0.1:1234/0"
+    argv, _ = forward_argv(up, [WorkerSettings], namespace="other")
+    assert argv[argv.index("--namespace") + 1] == "other"
+
+
+def test_up_hands_the_redis_url_down_in_the_environment_only_as_it_may_hold_a_password():
+    up = build_parser({}).parse_args(["up", "--redis", "redis://:Pw0rd@127.0.0.1:7000/0"])
+    for cls in (GatewaySettings, WorkerSettings):
+        argv, env = forward_argv(up, [cls], redis="redis://:Pw1@127.0.0.1:7001/0")
+        assert env == {"INFERQ_REDIS_URL": "redis://:Pw1@127.0.0.1:7001/0"}
+        assert "--redis" not in argv and not any("Pw" in a for a in argv)
 
 
 @dataclass(frozen=True)
