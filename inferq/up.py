@@ -42,7 +42,6 @@ from typing import Any
 
 import structlog
 
-from consumer.metrics import MetricsServer
 from consumer.settings import WorkerSettings
 from inferq.autoscale import (
     ScalingPolicy,
@@ -69,6 +68,7 @@ from protocol.keys import Keys
 from protocol.options import forward_argv, from_args, option
 from runtime.connections import RedisSettings, redact
 from runtime.logging import configure
+from runtime.metrics import MetricsServer
 
 READY_TIMEOUT_S = 60.0
 REDIS_STOP_TIMEOUT_S = 10.0
