@@ -181,6 +181,14 @@ class GatewaySettings(ConnectionSettings):
         help="bearer token of the model-control API (/v2/repository/...); unset disables it "
         "(prefer the environment variable: flags show in the process list)",
     )
+    console_token: str | None = option(
+        None,
+        flag="--console-token",
+        env="INFERQ_CONSOLE_TOKEN",
+        secret=True,
+        help="read-only bearer token of the operator console (/console); the admin token reads "
+        "it too, and only the admin token acts from it",
+    )
     webhook_secret: str | None = option(
         None,
         flag="--webhook-secret",
