@@ -231,7 +231,13 @@ def test_hostile_names_payloads_and_errors_render_as_text(up, browser, shots):
                                        "error": HOSTILE})
     r.zadd(keys.job_index, {job_id: int(r.time()[0]) * 1000 + 60_000})
     r.xadd(keys.dlq("sim"), DeadLetter(HOSTILE, "1-0", HOSTILE, HOSTILE.encode()).to_fields())
+    from selenium.webdriver.support.ui import Select
+
     tab(browser, "jobs")
+    until(browser, lambda: browser.find_elements(By.ID, "job-model"), "the jobs view")
+    browser.find_element(By.ID, "job-model").clear()
+    Select(browser.find_element(By.ID, "job-status")).select_by_value("")
+    browser.find_element(By.ID, "job-filter").click()
     until(browser, lambda: HOSTILE in text_of(browser, "#jobs tbody"), "the hostile job")
     tab(browser, "deadletters")
     until(browser, lambda: HOSTILE in text_of(browser, "td.preview"), "the hostile letter")
