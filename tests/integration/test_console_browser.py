@@ -23,13 +23,13 @@ import redis
 from protocol.keys import Keys, Lane
 from protocol.messages import DeadLetter
 from tests.producer.test_docs import CHROMIUM_FLAGS
-from tests.support import missing, sim_body, sim_request, wait_until, write_simulated_model
+from tests.support import missing, sim_body, sim_request, write_simulated_model
 from tests.upstack import UpProcess, up_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 ADMIN, READER = "console-admin-token", "console-reader-token"
-HOSTILE = "<script>window.__xss=1</script>\"'><img src=x onerror=\"window.__xss=2\">"
+HOSTILE = '<script>window.__xss=1</script>"\'><img src=x onerror="window.__xss=2">'
 
 
 @pytest.fixture(scope="module")
@@ -51,9 +51,12 @@ def browser(tmp_path_factory) -> Iterator[Any]:
     chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if chromium is None or driver_path is None:
         missing("chromium and chromedriver (Debian: apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.options import Options
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        missing("selenium (pip install -e '.[dev]')")
 
     options = Options()
     options.binary_location = chromium
@@ -187,8 +190,10 @@ def test_a_dead_letter_retried_from_the_console_is_answered(up, browser, shots):
     # Version 2: the repository config serves the newest version only.
     request = replace(sim_request(keys, "console-retried", now_ms, value=3.0), version="2")
     reason = "the request was delivered 5 times without completing"
-    r.xadd(keys.dlq("sim"), DeadLetter(keys.stream("sim", Lane.NORMAL), "1-0", reason,
-                                       request.encode()).to_fields())
+    r.xadd(
+        keys.dlq("sim"),
+        DeadLetter(keys.stream("sim", Lane.NORMAL), "1-0", reason, request.encode()).to_fields(),
+    )
     sign_in(browser, up, ADMIN)
     until(browser, lambda: "admin" in text_of(browser, "#who"), "signed in as admin")
     tab(browser, "deadletters")
@@ -203,21 +208,41 @@ def test_a_dead_letter_retried_from_the_console_is_answered(up, browser, shots):
 def test_switching_a_canary_split_changes_the_traffic_shares(up, browser, shots):
     from selenium.webdriver.common.by import By
 
+    tab(browser, "overview")
+    until(
+        browser,
+        lambda: text_of(browser, '#versions tr[data-model="sim"] .share').split() == ["100%"],
+        "version 2 alone",
+    )
     tab(browser, "models")
-    until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, 'input.weights[data-model="sim"]'),
-          "the models view")
+    until(
+        browser,
+        lambda: browser.find_elements(By.CSS_SELECTOR, 'input.weights[data-model="sim"]'),
+        "the models view",
+    )
     browser.find_element(By.CSS_SELECTOR, 'input.weights[data-model="sim"]').send_keys("1=80,2=20")
     browser.find_element(By.CSS_SELECTOR, 'div[data-model="sim"] button.split').click()
     until(
         browser,
-        lambda: text_of(browser, '#model-rows tr[data-model="sim"] td.num').split() == ["80%", "20%"],
+        lambda: (
+            text_of(browser, '#model-rows tr[data-model="sim"] td.num').split() == ["80%", "20%"]
+        ),
         "the split applied",
         timeout_s=60,
     )
     browser.save_screenshot(str(shots / "models.png"))
     tab(browser, "overview")
-    until(browser, lambda: text_of(browser, '#versions tr[data-model="sim"] .share').split()
-          == ["80%", "20%"], "the overview's shares")
+    until(
+        browser,
+        lambda: text_of(browser, '#versions tr[data-model="sim"] .share').split() == ["80%", "20%"],
+        "the overview's shares",
+    )
+    with httpx.Client(base_url=up.url, timeout=10) as c:
+        routed = [
+            c.post("/v2/models/sim/infer", json=sim_body(1.0)).json()["model_version"]
+            for _ in range(200)
+        ]
+    assert 0.65 <= routed.count("1") / len(routed) <= 0.95  # the traffic follows the split
 
 
 def test_hostile_names_payloads_and_errors_render_as_text(up, browser, shots):
@@ -226,9 +251,18 @@ def test_hostile_names_payloads_and_errors_render_as_text(up, browser, shots):
     keys = Keys(up.namespace)
     r = redis.Redis.from_url(up_redis(up))
     job_id = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-    r.hset(keys.job(job_id), mapping={"id": job_id, "model": HOSTILE, "version": "1",
-                                       "status": "failed", "created_ms": 1, "deadline_ms": 2,
-                                       "error": HOSTILE})
+    r.hset(
+        keys.job(job_id),
+        mapping={
+            "id": job_id,
+            "model": HOSTILE,
+            "version": "1",
+            "status": "failed",
+            "created_ms": 1,
+            "deadline_ms": 2,
+            "error": HOSTILE,
+        },
+    )
     r.zadd(keys.job_index, {job_id: int(r.time()[0]) * 1000 + 60_000})
     r.xadd(keys.dlq("sim"), DeadLetter(HOSTILE, "1-0", HOSTILE, HOSTILE.encode()).to_fields())
     from selenium.webdriver.support.ui import Select

@@ -74,8 +74,12 @@ def test_a_dead_letter_retried_from_the_console_is_answered(console):
     r = redis.Redis.from_url(console.redis_url)
     now_ms = int(r.time()[0]) * 1000
     request = sim_request(keys, "replayed-1", now_ms, value=2.0)
-    fields = DeadLetter(keys.stream("sim", Lane.NORMAL), "1-0", "the request was delivered "
-                        "3 times without completing", request.encode()).to_fields()
+    fields = DeadLetter(
+        keys.stream("sim", Lane.NORMAL),
+        "1-0",
+        "the request was delivered 3 times without completing",
+        request.encode(),
+    ).to_fields()
     entry = r.xadd(keys.dlq("sim"), fields).decode()
     with console.client() as c:
         listed = c.get("/console/api/deadletters", headers=bearer(READER)).json()
@@ -113,7 +117,8 @@ def test_failed_jobs_are_found_by_model_and_status_newest_first(stack):
         assert all(j["error"] for j in page["jobs"])
         first = c.get("/console/api/jobs", params={"limit": 1}, headers=bearer(ADMIN)).json()
         second = c.get(
-            "/console/api/jobs", params={"limit": 5, "cursor": first["cursor"]},
+            "/console/api/jobs",
+            params={"limit": 5, "cursor": first["cursor"]},
             headers=bearer(ADMIN),
         ).json()
         listed = [j["id"] for j in first["jobs"] + second["jobs"]]
@@ -121,8 +126,10 @@ def test_failed_jobs_are_found_by_model_and_status_newest_first(stack):
         detail = c.get(f"/console/api/jobs/{ids['broken'][0]}", headers=bearer(ADMIN)).json()
         assert [e["status"] for e in detail["events"]] == ["queued", "running", "failed"]
         assert detail["job"]["error"]
-        assert c.get("/console/api/jobs", params={"status": "nope"},
-                     headers=bearer(ADMIN)).status_code == 400
+        assert (
+            c.get("/console/api/jobs", params={"status": "nope"}, headers=bearer(ADMIN)).status_code
+            == 400
+        )
 
 
 def test_the_overview_shows_models_versions_and_backlog(console):
