@@ -4,8 +4,9 @@ when all they have is a model name and a status, not a job id.
 One sorted set (``Keys.job_index``): member the job id, score its creation time (ms, Redis
 clock). Written by the submission itself: ``queue_add`` puts ``ZADD`` and an exact trim
 (``ZREMRANGEBYRANK 0 -(cap+1)``) on the pipeline that queues the job, so indexing costs no
-round trip, two commands of O(log N) each, and about 100 bytes of Redis memory per entry (a
-32-character member and a score in a skiplist): at ``JOB_INDEX_MAXLEN`` (10,000), about 1 MB.
+round trip, two commands of O(log N) each, and about 140 bytes of Redis memory per entry (a
+32-character member and a score in a skiplist): at ``JOB_INDEX_MAXLEN`` (10,000), 1.4 MB
+(``bench/console.py`` measures it, and the time each submission takes with and without it).
 The set never holds more than its cap, whatever the traffic.
 
 The index holds ids only; statuses change, so a page reads each listed job's fields from its
