@@ -141,7 +141,9 @@ class Rates:
     def update(self, at_s: float, counts: dict[Key, Counts], min_interval_s: float) -> None:
         """Take a reading; the one it is compared with moves on at most every
         ``min_interval_s`` (so quick polls compare over a useful interval)."""
-        if self._latest is None or at_s - self._latest[0] >= min_interval_s:
+        if self._before is None or (
+            self._latest is not None and self._latest[0] - self._before[0] >= min_interval_s
+        ):
             self._before = self._latest
         self._latest = (at_s, counts)
 
