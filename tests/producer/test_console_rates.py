@@ -1,4 +1,4 @@
-"""Recent rates and latency percentiles from counters that only grow (``producer.console_rates``)."""
+"""Recent rates and percentiles from counters that only grow (``producer.console_rates``)."""
 
 from __future__ import annotations
 
