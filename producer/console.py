@@ -97,9 +97,7 @@ def role(gateway: Gateway, authorization: str | None) -> str:
 
 
 def _redis_down(e: BaseException) -> Response:
-    return JSONResponse(
-        {"error": f"Redis is unreachable: {describe(e)}", "redis_down": True}, status_code=503
-    )
+    return JSONResponse({"error": describe(e), "redis_down": True}, status_code=503)
 
 
 def reading(

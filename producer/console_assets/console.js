@@ -125,7 +125,7 @@ async function refresh(auto) {
     banner("");
   } catch (e) {
     if (e.status === 401 || e.status === 403) { signOut(`refused: ${e.message}`); return; }
-    banner(e.redisDown ? `Redis is unreachable; showing the last data. ${e.message}` : e.message);
+    banner(e.redisDown ? `${e.message}; showing the last data` : e.message);
   }
 }
 

@@ -20,10 +20,11 @@ import httpx
 import pytest
 import redis
 
+from inferq.redisserver import RedisServer
 from protocol.keys import Keys, Lane
 from protocol.messages import DeadLetter
 from tests.producer.test_docs import CHROMIUM_FLAGS
-from tests.support import missing, sim_body, sim_request, write_simulated_model
+from tests.support import missing, sim_body, sim_request, stacks, write_simulated_model
 from tests.upstack import UpProcess, up_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -284,3 +285,26 @@ def test_hostile_names_payloads_and_errors_render_as_text(up, browser, shots):
 def up_redis(up: UpProcess) -> str:
     argv = up.proc.args
     return str(argv[argv.index("--redis") + 1])
+
+
+def test_a_redis_outage_shows_as_a_banner_over_the_last_data(browser, shots, model_repo):
+    from selenium.webdriver.common.by import By
+
+    server = RedisServer().start()
+    make, stop = stacks(server.url, "console-outage", model_repo)
+    try:
+        s = make(workers=1, models=("sim",), console_token=READER)
+        browser.get(f"{s.url}/console")
+        browser.find_element(By.ID, "token").send_keys(READER)
+        browser.find_element(By.CSS_SELECTOR, "#login button").click()
+        until(browser, lambda: cell(browser, "models-overview", "sim", ".workers") == "1", "sim")
+        server.stop()
+        until(browser, lambda: "showing the last data" in text_of(browser, "#banner"), "a banner")
+        assert "Redis" in text_of(browser, "#banner")
+        assert cell(browser, "models-overview", "sim", ".workers") == "1"  # the last data
+        browser.save_screenshot(str(shots / "outage.png"))
+        server.start()
+        until(browser, lambda: not browser.find_element(By.ID, "banner").is_displayed(), "clear")
+    finally:
+        stop()
+        server.stop()
