@@ -14,6 +14,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
+from redis.exceptions import ResponseError
+
 from producer import console_rates as rates
 from producer import jobindex
 from producer.gateway import Gateway
@@ -21,7 +23,7 @@ from producer.jobs import document, watched_state
 from protocol import ProtocolError
 from protocol.control import version_order
 from protocol.jobs import JobStatus
-from protocol.keys import Lane, text
+from protocol.keys import GROUP, Lane, text
 from protocol.messages import FIELD, InferRequest
 from protocol.modelstats import WorkerStatistics, summed
 from runtime import deadletters
@@ -208,6 +210,7 @@ class ConsoleViews:
         live = {w.id: w for w in g.registry.live_worker_infos()}
         workers, raws = await self._worker_stats()
         self._note_worker_batches(workers, raws)
+        in_flight = await self._in_flight()
         rows = []
         for worker_id in sorted(set(expiry) | set(live)):
             info = live.get(worker_id)
@@ -224,9 +227,36 @@ class ConsoleViews:
                     if info
                     else [],
                     "batches_per_s": self._batches_per_s.get(worker_id),
+                    "in_flight": in_flight.get(worker_id, 0),
                 }
             )
         return {"now_ms": now, "workers": rows}
+
+    async def _in_flight(self) -> dict[str, int]:
+        """Worker -> entries it has read and not yet acknowledged, over every stream of every
+        served model (``XINFO CONSUMERS``: one pipeline; a consumer is named by its worker)."""
+        g = self._gateway
+        streams = [
+            stream
+            for name, entry in g.registry.models.items()
+            for p in range(entry.metadata.partitions)
+            for stream in g.keys.streams(name, p)
+        ]
+        if not streams:
+            return {}
+        pipe = g.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xinfo_consumers(stream, GROUP)
+        out: dict[str, int] = {}
+        for reply in await pipe.execute(raise_on_error=False):
+            if isinstance(reply, ResponseError):
+                continue  # no stream or no group yet
+            if isinstance(reply, Exception):
+                raise reply
+            for consumer in reply:
+                worker = text(consumer["name"])
+                out[worker] = out.get(worker, 0) + int(consumer.get("pending") or 0)
+        return out
 
     # -- jobs ----------------------------------------------------------------------------
 

@@ -220,10 +220,11 @@ VIEWS.workers = async function () {
     el("td", { class: "num" }, w.started_ms ? ms(doc.now_ms - w.started_ms) : "-"),
     el("td", { class: "num" }, w.heartbeat_expires_in_ms > 0 ? `in ${ms(w.heartbeat_expires_in_ms)}` : `${ms(-w.heartbeat_expires_in_ms)} ago`),
     el("td", {}, w.models.map(m => `${m.name} (${m.versions.join(", ") || "unloaded"})`).join("; ")),
+    el("td", { class: "num in-flight" }, w.in_flight),
     el("td", { class: "num" }, num(w.batches_per_s, 1))));
   show(el("h2", {}, "Workers"),
-    table(["worker", "state", "host", "pid", "up for", "heartbeat expires", "models", "batches/s"], rows, { id: "workers" }),
-    el("p", { class: "muted" }, "In-flight work shows as pending in the overview; restarts are counted by inferq up's log and memory by each worker's metrics port, not here."));
+    table(["worker", "state", "host", "pid", "up for", "heartbeat expires", "models", "in flight", "batches/s"], rows, { id: "workers" }),
+    el("p", { class: "muted" }, "In flight: requests read and not yet acknowledged. Restarts are in inferq up's log and memory on each worker's metrics port, not here."));
 };
 
 // -- jobs ----------------------------------------------------------------------------------

@@ -157,3 +157,15 @@ def test_a_redis_outage_is_a_503_with_a_message_not_a_500(stack, redis_url):
         assert "Redis" in r.json()["error"]
         r = c.get("/console/api/jobs", headers=bearer(ADMIN))
         assert r.status_code == 503
+
+
+def test_a_worker_shows_the_requests_it_holds_in_flight(console):
+    console.wait_ready("hold")  # 3 s per batch
+    with console.client() as c:
+        assert c.post("/v2/models/hold/jobs", json=sim_body(1.0)).status_code == 202
+
+        def held() -> bool:
+            doc = c.get("/console/api/workers", headers=bearer(READER)).json()
+            return doc["workers"][0]["in_flight"] == 1
+
+        wait_until(held, 10, "the worker to hold the job")
