@@ -169,3 +169,19 @@ def test_a_worker_shows_the_requests_it_holds_in_flight(console):
             return doc["workers"][0]["in_flight"] == 1
 
         wait_until(held, 10, "the worker to hold the job")
+
+
+def test_the_overview_warns_as_inferq_lag_does_of_an_evicting_redis(console, redis_url):
+    r = redis.Redis.from_url(redis_url)
+    before = r.config_get("maxmemory-policy")["maxmemory-policy"]
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with console.client() as c:
+
+            def warned() -> bool:
+                doc = c.get("/console/api/overview", headers=bearer(READER)).json()
+                return any("allkeys-lru" in w for w in doc["warnings"])
+
+            wait_until(warned, 10, "the eviction warning")
+    finally:
+        r.config_set("maxmemory-policy", before)
