@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 import runtime
 from producer import console, docs, fastpath
 from producer import openapi as api
+from producer.console_views import ConsoleViews
 from producer.errors import (
     BadRequest,
     GatewayError,
@@ -415,5 +416,6 @@ def create_app(settings: GatewaySettings) -> Starlette:
         },
     )
     app.state.gateway = gateway
+    app.state.console = ConsoleViews(gateway)
     app.state.openapi = openapi_document(table)
     return app

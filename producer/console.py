@@ -66,11 +66,7 @@ def _asset(name: str) -> bytes:
 
 
 def _views(request: Request) -> ConsoleViews:
-    app = request.app
-    views: ConsoleViews | None = getattr(app.state, "console", None)
-    if views is None:
-        gateway: Gateway = app.state.gateway
-        views = app.state.console = ConsoleViews(gateway)
+    views: ConsoleViews = request.app.state.console
     return views
 
 
