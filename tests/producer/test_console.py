@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from producer.console import ASSETS as console_assets
 from protocol.keys import Keys, Lane
 from protocol.messages import DeadLetter
 from tests.support import sim_body, sim_request, wait_until
@@ -185,3 +186,21 @@ def test_the_overview_warns_as_inferq_lag_does_of_an_evicting_redis(console, red
             wait_until(warned, 10, "the eviction warning")
     finally:
         r.config_set("maxmemory-policy", before)
+
+
+def test_the_page_loads_only_its_own_packaged_files(console):
+    import re
+
+    with console.client() as c:
+        page = c.get("/console").text
+        urls = re.findall(r'(?:src|href)="([^"]+)"', page)
+        assert sorted(urls) == ["console/static/console.css", "console/static/console.js"]
+        for url in urls:  # relative: no CDN, and it works behind a prefix
+            r = c.get(f"/{url}")
+            assert r.status_code == 200, url
+            assert r.headers["content-type"].split(";")[0] in console_assets.values()
+        assert c.get("/console/static/index.html").status_code == 404
+        assert c.get("/console/static/..%2Fconsole.py").status_code == 404
+        script = c.get("/console/static/console.js").text
+        code = "\n".join(line for line in script.splitlines() if not line.startswith("//"))
+        assert "innerHTML" not in code and "eval(" not in code and "insertAdjacentHTML" not in code
