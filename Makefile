@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-deploy wheels image lint bench-core bench-peers bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
+.PHONY: console-screenshots run test test-deploy wheels image lint bench-core bench-peers bench-minilm bench-hotswap bench-grpc examples model grpc-stubs clean
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "inferq needs Python 3.11 or newer"'
@@ -39,6 +39,13 @@ test: $(VENV)/.dev
 	./scripts/ensure-chromium
 	$(BIN)/ruff check .
 	$(BIN)/pytest $(ARGS)
+
+## console-screenshots: docs/console/*.png, the README's console pictures, taken by the console's
+## browser tests against a live `inferq up --workers 2`
+console-screenshots: $(VENV)/.dev
+	./scripts/ensure-redis
+	./scripts/ensure-chromium
+	INFERQ_CONSOLE_SCREENSHOTS=$(CURDIR)/docs/console $(BIN)/pytest -q tests/integration/test_console_browser.py
 
 ## wheels: build/wheels, inferq and its dependencies for the image (ops/Dockerfile installs them offline)
 wheels:

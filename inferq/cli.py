@@ -64,9 +64,10 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     add_flags(wk, environ, WorkerSettings)
 
-    from inferq import dlq, lag, models_cli
+    from inferq import console_cli, dlq, lag, models_cli
     from loadgen import cli as loadgen_cli
 
+    console_cli.add_parser(sub, environ)
     lag.add_parser(sub, environ)
     dlq.add_parser(sub, environ)
     loadgen_cli.add_parser(sub, environ)
@@ -244,6 +245,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from inferq import dlq
 
         return dlq.run(args)
+    if args.command == "console":
+        from inferq import console_cli
+
+        return console_cli.run(args)
     if args.command == "lag":
         from inferq import lag
 

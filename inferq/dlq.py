@@ -19,18 +19,15 @@ import asyncio
 import json
 import sys
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
 
-from protocol import ProtocolError
-from protocol.deadline import deadline_after
 from protocol.exits import EXIT_NOT_FOUND, EXIT_OK, EXIT_REDIS
 from protocol.keys import JOB_EVENTS_MAXLEN, Keys
-from protocol.messages import FIELD, DeadLetter, InferRequest
 from protocol.webhooks import WebhookDeadLetter
+from runtime import deadletters
 from runtime.broker import connect
 from runtime.connections import RedisSettings, redact
 from runtime.settings import connection_flags
@@ -94,34 +91,6 @@ def _describe_webhook(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, 
     }
 
 
-def _describe(entry_id: bytes, fields: dict[bytes, bytes]) -> dict[str, Any]:
-    letter = DeadLetter.from_fields(fields)
-    doc: dict[str, Any] = {
-        "id": entry_id.decode(),
-        "stream": letter.stream,
-        "entry": letter.entry_id,
-        "reason": letter.reason,
-    }
-    try:
-        request = InferRequest.decode(letter.payload)
-    except ProtocolError as e:
-        doc["request"] = None
-        doc["undecodable"] = str(e)
-        return doc
-    doc["request"] = {
-        "id": request.id,
-        "kind": request.kind.value,
-        "model": request.model,
-        "version": request.version,
-        "priority": request.priority,
-        "inputs": [
-            {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in request.inputs
-        ],
-        "traceparent": request.traceparent,
-    }
-    return doc
-
-
 async def _models(r: aioredis.Redis, keys: Keys, only: str | None) -> list[str]:
     if only:
         return [only]
@@ -174,7 +143,7 @@ async def _list(r: aioredis.Redis, keys: Keys, args: argparse.Namespace) -> int:
         entries = cast(list[tuple[bytes, Any]], await r.xrevrange(stream, count=args.count))
         report[model] = {
             "total": await r.xlen(stream),
-            "entries": [_describe(i, f) for i, f in reversed(entries)],
+            "entries": [deadletters.describe(i, f) for i, f in reversed(entries)],
         }
     hooks: dict[str, Any] = {"total": 0, "entries": []}
     if not args.model:
@@ -232,40 +201,20 @@ async def _run(r: aioredis.Redis, keys: Keys, args: argparse.Namespace) -> int:
         if not found:
             print(f"inferq dlq: no dead letter {args.id} {_of(args)}", file=sys.stderr)
             return EXIT_NOT_FOUND
-        describe = _describe_webhook if args.webhooks else _describe
+        describe = _describe_webhook if args.webhooks else deadletters.describe
         print(json.dumps(describe(*found[0]), indent=2))
         return EXIT_OK
     entries = await _selected(r, stream, args)
     if args.action == "retry" and args.webhooks:
         return await _retry_webhooks(r, keys, stream, entries)
     if args.action == "retry":
-        now_ms = int((await r.time())[0]) * 1000
-        replayed = 0
-        for entry_id, fields in entries:
-            letter = DeadLetter.from_fields(fields)
-            payload = letter.payload
-            original = keys.parse_stream_key(letter.stream)
-            if original is None:
-                print(f"  {entry_id.decode()}: no original stream recorded; skipped")
-                continue
-            # Back to the same lane of partition 0, which shares the dead-letter stream's slot:
-            # the move is one MULTI on a cluster too. Workers read every partition alike.
-            target = keys.stream(original.model, original.lane)
-            if args.extend_deadline_s > 0:
-                try:
-                    request = InferRequest.decode(payload)
-                except ProtocolError as e:
-                    print(f"  {entry_id.decode()}: undecodable ({e}); skipped")
-                    continue
-                deadline = deadline_after(now_ms, args.extend_deadline_s * 1000)
-                payload = replace(request, deadline_ms=deadline).encode()
-            pipe = r.pipeline(transaction=True)
-            pipe.xadd(target, {FIELD: payload})
-            pipe.xdel(stream, entry_id)
-            await pipe.execute()
-            replayed += 1
-        print(f"replayed {replayed} of {len(entries)} dead letter(s) for model {args.model}")
+        done = await deadletters.replay(
+            r, keys, args.model, entries, extend_deadline_s=args.extend_deadline_s
+        )
+        for entry_id, why in done.skipped:
+            print(f"  {entry_id}: {why}; skipped")
+        print(f"replayed {done.replayed} of {len(entries)} dead letter(s) for model {args.model}")
         return EXIT_OK
-    deleted = await r.xdel(stream, *(i for i, _ in entries)) if entries else 0
+    deleted = await deadletters.purge(r, stream, entries)
     print(f"purged {deleted} dead letter(s) {_of(args)}")
     return EXIT_OK

@@ -20,8 +20,9 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 import runtime
-from producer import docs, fastpath
+from producer import console, docs, fastpath
 from producer import openapi as api
+from producer.console_views import ConsoleViews
 from producer.errors import (
     BadRequest,
     GatewayError,
@@ -326,6 +327,7 @@ def routes() -> list[Route]:
         ApiRoute("/v2", server_metadata, api.SERVER_METADATA, name="server_metadata"),
         Route("/openapi.json", openapi, name="openapi"),
         *docs.routes(),
+        *console.routes(),
         Route("/metrics", metrics, name="metrics"),
         ApiRoute("/v2/models/stats", model_stats, api.MODEL_STATS, name="model_stats"),
         *per_model,
@@ -415,5 +417,6 @@ def create_app(settings: GatewaySettings) -> Starlette:
         },
     )
     app.state.gateway = gateway
+    app.state.console = ConsoleViews(gateway)
     app.state.openapi = openapi_document(table)
     return app

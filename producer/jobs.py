@@ -24,6 +24,7 @@ from typing import Any, cast
 
 import structlog
 
+from producer import jobindex
 from producer.errors import (
     BadRequest,
     Conflict,
@@ -273,10 +274,12 @@ class JobService:
         value of the key, which names an earlier job.
 
         Where one script may reach the record, the key and the request stream (one Redis), one
-        atomic step (``SUBMIT_SCRIPT``). A Redis Cluster keeps the stream in another slot than
-        the record and the key: there the record and the key are written first, atomically
-        (``RESERVE_SCRIPT``), the request is queued second, and if that fails both are taken
-        back (``UNDO_SCRIPT``), so a job that was never queued is not shown for long. A replay
+        atomic step (``SUBMIT_SCRIPT``), followed on the same pipeline by the job index's two
+        commands (``producer.jobindex``: no round trip of their own). A Redis Cluster keeps the
+        stream in another slot than the record and the key: there the record and the key are
+        written first, atomically (``RESERVE_SCRIPT``), the request is queued second, and if
+        that fails both are taken back (``UNDO_SCRIPT``), so a job that was never queued is not
+        shown for long. A replay
         arriving between the two steps gets the job that the first step is about to queue.
 
         Under ``--job-durability replicated`` each step ends with ``WAIT 1`` on the node that
@@ -300,6 +303,7 @@ class JobService:
                 [key, stream, *keys[1:]],
                 [ttl_ms, FIELD, request.encode(), value, replacing, *fields],
             )
+            jobindex.queue_add(pipe, self.keys, record.id, record.created_ms)
             if replicated:
                 await self._wait_on(pipe, key)
             try:
@@ -315,6 +319,7 @@ class JobService:
             return None
         pipe = self._redis.pipeline(transaction=False)
         self._reserve.queue(pipe, keys, [ttl_ms, value, replacing, *fields])
+        jobindex.queue_add(pipe, self.keys, record.id, record.created_ms)
         if replicated:
             await self._wait_on(pipe, key)
         reserved = await pipe.execute()

@@ -220,6 +220,14 @@ class GatewaySettings(ConnectionSettings):
         "(Redis lost it); every gateway needs the same one. Unset: derived from the namespace "
         "and the Redis URL's credentials, as secret as they are",
     )
+    console_token: str | None = option(
+        None,
+        flag="--console-token",
+        env="INFERQ_CONSOLE_TOKEN",
+        secret=True,
+        help="read-only bearer token of the operator console (/console); the admin token reads "
+        "it too, and only the admin token acts from it",
+    )
     webhook_secret: str | None = option(
         None,
         flag="--webhook-secret",

@@ -90,6 +90,10 @@ reconnect (trimmed approximately, ``MAXLEN ~``)."""
 DLQ_MAXLEN = 100_000
 """Cap of each dead-letter stream (trimmed approximately)."""
 
+JOB_INDEX_MAXLEN = 10_000
+"""Cap of the job index (``Keys.job_index``, the console's job list): the newest jobs only,
+trimmed exactly with each submission (``producer.jobindex``)."""
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -241,6 +245,11 @@ class Keys:
     @property
     def job_events(self) -> str:
         return f"{self.namespace}:jobevents"
+
+    @property
+    def job_index(self) -> str:
+        """The newest jobs' ids scored by creation time (``producer.jobindex``)."""
+        return f"{self.namespace}:jobindex"
 
     def dlq(self, model: str) -> str:
         return f"{self.namespace}:dlq:{{{model}}}"

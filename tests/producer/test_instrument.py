@@ -10,6 +10,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.testclient import TestClient
 
+from producer import console
 from producer.app import routes
 from producer.instrument import Instrument, RequestMetrics
 from producer.metrics import ENDPOINTS
@@ -70,8 +71,10 @@ def test_each_request_is_labelled_by_its_route(client_and_calls, method, path, l
 def test_every_named_route_is_a_known_endpoint_label_or_other() -> None:
     names = {r.name for r in routes()}
     assert set(ENDPOINTS) <= names
-    # Labelled "other": model control, introspection, and the Swagger UI page and its assets.
+    # Labelled "other": model control, introspection, the Swagger UI page and its assets, and
+    # the operator console.
     assert names - set(ENDPOINTS) == {
+        *(r.name for r in console.routes()),
         "repository_index",
         "repository_load",
         "repository_reset",
