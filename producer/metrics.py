@@ -151,6 +151,23 @@ class GatewayMetrics:
             "Requests queued by this gateway and waiting for their result (in-flight waiters).",
             registry=r,
         )
+        self.batches_driven = Gauge(
+            "inferq_gateway_batches_in_flight",
+            "Batches not yet final that this gateway drives (holds the lease of); sum over "
+            "gateways for the cluster's total.",
+            registry=r,
+        )
+        self.batch_lines_pending = Gauge(
+            "inferq_gateway_batch_lines_pending",
+            "Input lines of the batches this gateway drives that are not answered yet.",
+            registry=r,
+        )
+        self.batch_lines = Counter(
+            "inferq_gateway_batch_lines_total",
+            "Batch lines answered by this gateway, by outcome (completed, failed).",
+            ["outcome"],
+            registry=r,
+        )
         lane = ["model", "lane"]
         self.stream_length = Gauge(
             "inferq_stream_length",
