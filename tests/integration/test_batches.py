@@ -1,5 +1,5 @@
 """Batches against real workers: JSONL in, every line answered once, in input order; malformed
-lines become error lines with their numbers; cancel, list, delete; limits. (A gateway and a worker killed
+lines become error lines with their numbers; cancel, list, delete; limits. (A gateway killed
 mid-batch: tests/chaos/test_batches.py.)"""
 
 from __future__ import annotations
