@@ -302,11 +302,14 @@ class BatchService:
         webhook = (
             Webhook(record.webhook, frozenset(record.webhook_events)) if record.webhook else None
         )
+        order = list(BatchStatus)
         before = sorted(
-            (ms, name) for name, ms in record.stamps.items() if name != record.status.value
-        )
+            (ms, order.index(BatchStatus(name)), name)
+            for name, ms in record.stamps.items()
+            if name != record.status.value
+        )  # by time, then (same millisecond) by the order of the moves
         earlier = tuple(
-            WatchedState({**doc, "status": name}, name, False, webhook) for _, name in before
+            WatchedState({**doc, "status": name}, name, False, webhook) for *_, name in before
         )
         return WatchedState(doc, record.status.value, record.status.final, webhook, earlier)
 
@@ -397,7 +400,7 @@ class BatchService:
         return moved
 
     async def announce(self, batch_id: str, status: BatchStatus | None) -> None:
-        """An events entry: a change of status, or (None) of progress."""
+        """An events entry: a change of status, or of progress (the same status again)."""
         fields: dict[bytes, bytes | str] = {BATCH_EVENT_FIELD: batch_id}
         if status is not None:
             fields[EVENT_STATUS_FIELD] = status.value

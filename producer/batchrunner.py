@@ -151,7 +151,8 @@ class BatchRunner:
         now = time.monotonic()
         progress = (counts.completed, counts.failed)
         if progress != driven.announced and now - driven.announced_at >= PROGRESS_S:
-            await self.batches.announce(batch_id, None)
+            # With its status, so a resume from this entry knows where the client was.
+            await self.batches.announce(batch_id, record.status)
             driven.announced, driven.announced_at = progress, now
 
     async def _resume(self, record: BatchRecord) -> Driven:
