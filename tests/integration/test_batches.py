@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from inferq.cli import main
 from tests.support import sim_body, wait_until
 
 FINAL = {"completed", "failed", "expired", "cancelled"}
@@ -165,3 +166,24 @@ def test_listing_pages_newest_first(stack):
         rest = c.get("/v2/batches", params={"limit": 2, "after": page["last_id"]}).json()
         assert [b["id"] for b in rest["data"]] == [ids[0]] and not rest["has_more"]
         assert c.get("/v2/batches", params={"limit": "x"}).status_code == 400
+
+
+def test_inferq_lag_and_the_metrics_show_batches_in_flight_and_lines_pending(
+    stack, redis_url, namespace, capsys
+):
+    s = stack(models=("sim",))
+    registry = s.gateway.gateway.metrics.registry
+    with s.client() as c, s.workers[0].paused():
+        create(c, [line(i) for i in range(10)])
+        wait_until(
+            lambda: registry.get_sample_value("inferq_gateway_batch_lines_pending") == 10,
+            what="the pending gauge",
+        )
+        assert registry.get_sample_value("inferq_gateway_batches_in_flight") == 1
+        capsys.readouterr()
+        args = ["lag", "--redis", redis_url, "--namespace", namespace, "--sample-s", "0"]
+        assert main([*args, "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert doc["batches"] == {"in_flight": 1, "lines_pending": 10}
+        assert main(args) == 0
+        assert "batches: 1 in flight, 10 lines pending" in capsys.readouterr().out
