@@ -60,6 +60,8 @@ WINDOW = 4096
 """Lines of one batch in flight (queued as jobs, not yet answered) at most."""
 INGEST_CHUNK = 512
 """Lines queued per round, so one round of one batch stays short."""
+SUBMIT_AT_ONCE = 32
+"""Submissions of one batch in flight at once: their Redis round trips overlap."""
 PROGRESS_S = 0.5
 """Progress is announced (event streams) at most this often per batch."""
 
@@ -73,6 +75,8 @@ class Driven:
     """Line -> (job id, custom id) for lines queued and not answered."""
     stopped: bool = False
     """Cancelled or expired: the queued jobs were cancelled, the rest answered."""
+    pending: int = 0
+    """Lines not yet answered, as of the last round (the gauge)."""
     announced: tuple[int, int] = (-1, -1)
     announced_at: float = 0.0
 
@@ -101,18 +105,20 @@ class BatchRunner:
     async def run(self) -> None:
         while not cancelling():
             try:
-                await self.tick()
+                busy = await self.tick()
                 self._backoff.succeeded()
             except RETRYABLE as e:
                 self._driven.clear()  # rebuilt from Redis once it answers again
                 await self._backoff.failed(e)
                 continue
-            await asyncio.sleep(TICK_S)
+            # Straight on while lines are being queued (sleep(0) lets requests in between).
+            await asyncio.sleep(0 if busy else TICK_S)
 
-    async def tick(self) -> None:
+    async def tick(self) -> bool:
         """One round over every batch not yet final: drive those whose lease this gateway
-        holds or takes."""
+        holds or takes. Whether any line was queued (more may be waiting)."""
         active = sorted(m.decode() for m in await self._redis.smembers(self.keys.batches_active))
+        busy = False
         for batch_id in active:
             held = await self._lease(
                 keys=[self.keys.batch(batch_id, "lease")], args=[self._me, LEASE_MS]
@@ -120,17 +126,19 @@ class BatchRunner:
             if not held:
                 self._driven.pop(batch_id, None)
                 continue
-            await self.drive(batch_id)
+            busy = await self.drive(batch_id) > 0 or busy
         for gone in set(self._driven) - set(active):
             del self._driven[gone]
         self._metrics.batches_driven.set(len(self._driven))
+        return busy
 
-    async def drive(self, batch_id: str) -> None:
+    async def drive(self, batch_id: str) -> int:
+        """One round of one batch; the lines it queued."""
         record = await self.batches.load(batch_id)
         if record is None or record.status.final:
             await self._redis.srem(self.keys.batches_active, batch_id)
             self._driven.pop(batch_id, None)
-            return
+            return 0
         driven = self._driven.get(batch_id)
         if driven is None:
             driven = self._driven[batch_id] = await self._resume(record)
@@ -139,21 +147,24 @@ class BatchRunner:
         )
         if stopping and not driven.stopped:
             await self._stop(record, driven)
-        elif not stopping:
-            await self._ingest(record, driven)
+        queued = 0
+        if not stopping:
+            queued = await self._ingest(record, driven)
         await self._collect(record, driven)
         counts = await self.batches.counts(record)
         pending = counts.total - counts.completed - counts.failed
-        self._metrics.batch_lines_pending.set(sum(len(d.in_flight) for d in self._driven.values()))
+        driven.pending = pending
+        self._metrics.batch_lines_pending.set(sum(d.pending for d in self._driven.values()))
         if pending <= 0:
             await self._finish(record, driven.stopped)
-            return
+            return queued
         now = time.monotonic()
         progress = (counts.completed, counts.failed)
         if progress != driven.announced and now - driven.announced_at >= PROGRESS_S:
             # With its status, so a resume from this entry knows where the client was.
             await self.batches.announce(batch_id, record.status)
             driven.announced, driven.announced_at = progress, now
+        return queued
 
     async def _resume(self, record: BatchRecord) -> Driven:
         """What is in flight, from Redis: lines queued (``jobs``) and not yet answered."""
@@ -177,43 +188,44 @@ class BatchRunner:
             )
         return driven
 
-    async def _ingest(self, record: BatchRecord, driven: Driven) -> None:
-        """Queue the next lines, as many as the window and the job backlog allow."""
+    async def _ingest(self, record: BatchRecord, driven: Driven) -> int:
+        """Queue the next lines, as many as the window and the job backlog allow, ``SUBMIT_AT_ONCE``
+        submissions in flight at a time (their round trips overlap); how many were taken."""
         room = min(WINDOW - len(driven.in_flight), INGEST_CHUNK, record.valid - record.ingested)
         if room <= 0:
-            return
+            return 0
         raw = await self._redis.lrange(
             self.keys.batch(record.id, "lines"), record.ingested, record.ingested + room - 1
         )
         queued: dict[int, str] = {}
         failed: dict[int, bytes] = {}
         done = 0
-        for item in raw:
-            try:
-                line = BatchLine.decode(item)
-            except ProtocolError as e:
-                log.error("unreadable batch line", batch_id=record.id, error=str(e))
+        for start in range(0, len(raw), SUBMIT_AT_ONCE):
+            group = raw[start : start + SUBMIT_AT_ONCE]
+            outcomes = await asyncio.gather(
+                *(self._submit(record, item) for item in group), return_exceptions=True
+            )
+            for item, outcome in zip(group, outcomes, strict=True):
+                if isinstance(outcome, TooManyRequests | ServiceUnavailable):
+                    # The backlog is full, or Redis or the model is not there: next round.
+                    self._metrics.batch_paced.inc()
+                    break
+                if isinstance(outcome, BaseException) and not isinstance(outcome, GatewayError):
+                    raise outcome
+                line = _decoded(item)
+                if isinstance(outcome, GatewayError) and line is not None:
+                    # The model changed since the batch was checked.
+                    answer = error_line(line.line, line.custom_id, "invalid_request", str(outcome))
+                    failed[line.line] = answer
+                elif isinstance(outcome, str) and line is not None:
+                    driven.in_flight[line.line] = (outcome, line.custom_id)
+                    queued[line.line] = json.dumps([outcome, line.custom_id])
                 done += 1
-                continue
-            try:
-                submitted = await self.jobs.submit(
-                    line.model,
-                    line.version or None,
-                    functools.partial(parse_infer_request, line.body, None),
-                    idempotency_key=f"batch-{record.id}-{line.line}",
-                    traceparent=None,
-                )
-            except (TooManyRequests, ServiceUnavailable):
-                break  # the backlog is full, or Redis or the model is not there: next round
-            except GatewayError as e:  # the model changed since the batch was checked
-                failed[line.line] = error_line(line.line, line.custom_id, "invalid_request", str(e))
             else:
-                job_id = submitted.record.id
-                driven.in_flight[line.line] = (job_id, line.custom_id)
-                queued[line.line] = json.dumps([job_id, line.custom_id])
-            done += 1
+                continue
+            break  # paced: the lines after the refused one wait (a later round replays them)
         if not done:
-            return
+            return 0
         pipe = self._redis.pipeline(transaction=False)
         if queued:
             pipe.hset(self.keys.batch(record.id, "jobs"), mapping=queued)
@@ -221,6 +233,23 @@ class BatchRunner:
             pipe.hsetnx(self.keys.batch(record.id, "errors"), n, answer)
         pipe.hset(self.keys.batch(record.id), "ingested", record.ingested + done)
         await pipe.execute()
+        return done
+
+    async def _submit(self, record: BatchRecord, item: bytes) -> str | None:
+        """One line as a job (its Idempotency-Key makes a repeat find the same job): the job
+        id; None for a stored line that cannot be read."""
+        line = _decoded(item)
+        if line is None:
+            log.error("unreadable batch line", batch_id=record.id)
+            return None
+        submitted = await self.jobs.submit(
+            line.model,
+            line.version or None,
+            functools.partial(parse_infer_request, line.body, None),
+            idempotency_key=f"batch-{record.id}-{line.line}",
+            traceparent=None,
+        )
+        return submitted.record.id
 
     async def _collect(self, record: BatchRecord, driven: Driven) -> None:
         """Answer every line whose job has ended."""
@@ -312,3 +341,10 @@ class BatchRunner:
         self._driven.pop(record.id, None)
         final = await self.batches.load(record.id)
         log.info("batch ended", batch_id=record.id, status=final.status.value if final else None)
+
+
+def _decoded(item: bytes) -> BatchLine | None:
+    try:
+        return BatchLine.decode(item)
+    except ProtocolError:
+        return None

@@ -162,6 +162,12 @@ class GatewayMetrics:
             "Input lines of the batches this gateway drives that are not answered yet.",
             registry=r,
         )
+        self.batch_paced = Counter(
+            "inferq_gateway_batch_paced_total",
+            "Rounds of queueing batch lines that stopped early: the model's job backlog was "
+            "at --max-job-backlog (or Redis refused), so the rest waited for the next round.",
+            registry=r,
+        )
         self.batch_lines = Counter(
             "inferq_gateway_batch_lines_total",
             "Batch lines answered by this gateway, by outcome (completed, failed).",

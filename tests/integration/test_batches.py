@@ -187,3 +187,16 @@ def test_inferq_lag_and_the_metrics_show_batches_in_flight_and_lines_pending(
         assert doc["batches"] == {"in_flight": 1, "lines_pending": 10}
         assert main(args) == 0
         assert "batches: 1 in flight, 10 lines pending" in capsys.readouterr().out
+
+
+def test_a_batch_larger_than_the_job_backlog_is_paced_not_refused(stack):
+    s = stack(models=("slow",), max_job_backlog=8)
+    with s.client() as c:
+        r = create(c, [line(i, model="slow") for i in range(200)])
+        assert r.status_code == 202, r.text
+        done = wait_final(c, r.json()["id"])
+    assert done["status"] == "completed"
+    assert done["request_counts"] == {"total": 200, "completed": 200, "failed": 0}
+    registry = s.gateway.gateway.metrics.registry
+    paced = registry.get_sample_value("inferq_gateway_batch_paced_total")
+    assert paced, "the backlog never filled: the test did not test pacing"
