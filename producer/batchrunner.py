@@ -60,7 +60,7 @@ WINDOW = 4096
 """Lines of one batch in flight (queued as jobs, not yet answered) at most."""
 INGEST_CHUNK = 512
 """Lines queued per round, so one round of one batch stays short."""
-SUBMIT_AT_ONCE = 32
+SUBMIT_AT_ONCE = 64
 """Submissions of one batch in flight at once: their Redis round trips overlap."""
 PROGRESS_S = 0.5
 """Progress is announced (event streams) at most this often per batch."""
@@ -77,6 +77,7 @@ class Driven:
     """Cancelled or expired: the queued jobs were cancelled, the rest answered."""
     pending: int = 0
     """Lines not yet answered, as of the last round (the gauge)."""
+    collected_at: float = 0.0
     announced: tuple[int, int] = (-1, -1)
     announced_at: float = 0.0
 
@@ -150,7 +151,12 @@ class BatchRunner:
         queued = 0
         if not stopping:
             queued = await self._ingest(record, driven)
-        await self._collect(record, driven)
+        now = time.monotonic()
+        if not queued or now - driven.collected_at >= TICK_S:
+            # While lines are being queued round after round, ends are collected at most every
+            # TICK_S: each collection asks the status of every line in flight.
+            driven.collected_at = now
+            await self._collect(record, driven)
         counts = await self.batches.counts(record)
         pending = counts.total - counts.completed - counts.failed
         driven.pending = pending
@@ -158,7 +164,6 @@ class BatchRunner:
         if pending <= 0:
             await self._finish(record, driven.stopped)
             return queued
-        now = time.monotonic()
         progress = (counts.completed, counts.failed)
         if progress != driven.announced and now - driven.announced_at >= PROGRESS_S:
             # With its status, so a resume from this entry knows where the client was.
