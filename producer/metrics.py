@@ -66,6 +66,13 @@ ENDPOINTS = (
     "job_cancel",
     "job_events",
     "batch_events",
+    "batch_create",
+    "batch_list",
+    "batch_status",
+    "batch_delete",
+    "batch_cancel",
+    "batch_output",
+    "batch_errors",
     "openapi",
 )
 """Values of the ``endpoint`` label; anything else is recorded as ``other``."""
