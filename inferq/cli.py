@@ -64,11 +64,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     add_flags(wk, environ, WorkerSettings)
 
-    from inferq import console_cli, dlq, lag, models_cli
+    from inferq import batch_cli, console_cli, dlq, lag, models_cli
     from loadgen import cli as loadgen_cli
 
     console_cli.add_parser(sub, environ)
     lag.add_parser(sub, environ)
+    batch_cli.add_parser(sub, environ)
     dlq.add_parser(sub, environ)
     loadgen_cli.add_parser(sub, environ)
     models_cli.add_parser(sub, environ)
@@ -253,6 +254,10 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         from inferq import lag
 
         return lag.run(args)
+    if args.command == "batch":
+        from inferq import batch_cli
+
+        return batch_cli.run(args)
     if args.command == "models":
         from inferq import models_cli
 

@@ -19,6 +19,9 @@ One row per model and lane (``{ns}:stream:{model}:{high|normal|low}``, consumer 
 - DRAIN/s and ETA: from two samples (``DrainEstimator``): entries the group read per second, and
   the backlog divided by how fast it shrinks (reads minus arrivals).
 
+Below the table, the batches in flight (not yet final) and their lines not yet answered
+(``protocol.batches``), when there are any; the JSON output carries them under ``batches``.
+
 Above the table, a warning when Redis's ``maxmemory-policy`` may evict inferq's keys (any
 ``allkeys-*`` or ``volatile-*``: accepted requests, job records and results can vanish); the JSON
 output carries the policy under ``redis``.
@@ -31,6 +34,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
@@ -44,6 +48,32 @@ from runtime.lag import Backlog, Drain, DrainEstimator, LagError, LaneLag, colle
 from runtime.settings import connection_flags
 
 DEFAULT_SAMPLE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class BatchBacklog:
+    """Batches not yet final, and their input lines not yet answered."""
+
+    in_flight: int = 0
+    lines_pending: int = 0
+
+
+async def batch_backlog(redis: Any, keys: Keys) -> BatchBacklog:
+    """One SMEMBERS and one pipeline: each active batch's total and answers so far."""
+    active = [m.decode() for m in await redis.smembers(keys.batches_active)]
+    if not active:
+        return BatchBacklog()
+    pipe = redis.pipeline(transaction=False)
+    for batch_id in active:
+        pipe.hget(keys.batch(batch_id), "total")
+        pipe.hlen(keys.batch(batch_id, "output"))
+        pipe.hlen(keys.batch(batch_id, "errors"))
+    replies = await pipe.execute()
+    pending = 0
+    for i in range(0, len(replies), 3):
+        total, completed, failed = replies[i : i + 3]
+        pending += max(0, int(total or 0) - int(completed) - int(failed))
+    return BatchBacklog(len(active), pending)
 
 
 def format_duration(ms: float | None) -> str:
@@ -88,16 +118,26 @@ def render_table(
     *,
     threshold: int | None = None,
     policy: str | None = None,
+    batches: BatchBacklog | None = None,
 ) -> str:
     """The terminal view: one row per model and lane (per partition, with a PART column and a
     total row per model, when a model has several), then notes (and a warning first when
     Redis's ``maxmemory-policy`` may evict inferq's keys)."""
     alarm = f"WARNING: {warning(policy)}\n" if policy and is_evicting(policy) else ""
     lanes = backlog.lanes
+    batch_note = (
+        f"batches: {batches.in_flight} in flight, {batches.lines_pending} lines pending\n"
+        if batches is not None and batches.in_flight
+        else ""
+    )
     if not lanes:
-        return alarm + (
-            f"no models in namespace '{namespace}' (no {namespace}:models hash and no "
-            f"{namespace}:stream:* keys): check --namespace and --redis\n"
+        return (
+            alarm
+            + batch_note
+            + (
+                f"no models in namespace '{namespace}' (no {namespace}:models hash and no "
+                f"{namespace}:stream:* keys): check --namespace and --redis\n"
+            )
         )
     partitioned = {lane.model for lane in lanes if lane.partition > 0}
     columns: tuple[str, ...] = COLUMNS if not partitioned else (COLUMNS[0], "PART", *COLUMNS[1:])
@@ -174,7 +214,7 @@ def render_table(
             f"backlog above {threshold}: {model} has {m.backlog} "
             f"(lag {m.lag} + pending {m.pending})"
         )
-    return alarm + "\n".join([head, *lines, *notes]) + "\n"
+    return alarm + "\n".join([head, *lines, *notes]) + "\n" + batch_note
 
 
 def to_json(
@@ -184,6 +224,7 @@ def to_json(
     *,
     threshold: int | None = None,
     policy: str | None = None,
+    batches: BatchBacklog | None = None,
 ) -> dict[str, Any]:
     """The ``--json`` document (one per refresh, one line each with ``--watch``)."""
     out_lanes = []
@@ -229,6 +270,10 @@ def to_json(
             }
             for model, m in backlog.by_model().items()
         ],
+        "batches": {
+            "in_flight": batches.in_flight if batches else 0,
+            "lines_pending": batches.lines_pending if batches else 0,
+        },
         "fail_above": threshold,
         "above": backlog.above(threshold),
         "redis": {
@@ -321,7 +366,8 @@ async def _main(args: argparse.Namespace, out: TextIO) -> int:
                 backlog = await collect(client, keys, models=backlog.partitions)
                 drains = estimator.update(backlog.lanes)
             policy = await read_policy(client)
-            view = {"threshold": args.fail_above, "policy": policy}
+            batches = await batch_backlog(client, keys)
+            view = {"threshold": args.fail_above, "policy": policy, "batches": batches}
             if args.json:
                 doc = to_json(args.namespace, backlog, drains, **view)
                 out.write(json.dumps(doc, separators=(",", ":")) + "\n")

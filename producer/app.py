@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -27,6 +28,7 @@ from producer.errors import (
     BadRequest,
     GatewayError,
     NotFound,
+    PayloadTooLarge,
     answer_for,
     error_body,
     http_form,
@@ -53,6 +55,7 @@ EXTENSIONS = [
     "binary_tensor_data",
     "schedule_policy",
     "async_jobs",
+    "batches",
     "model_repository",
     "model_configuration",
     "statistics",
@@ -211,6 +214,74 @@ def events_of(path: str, param: str) -> Callable[[Request], Awaitable[Response]]
     return events
 
 
+async def create_batch(request: Request) -> Response:
+    """A JSONL body (options in the query), or a JSON object with the lines under
+    ``requests`` (objects) or ``input`` (JSONL text) and the options beside them."""
+    gateway = _gateway(request)
+    batches = gateway.batches
+    try:
+        raw = await read_body(
+            request.headers,
+            body_chunks(request.receive),
+            gateway.settings.max_batch_bytes,
+            timeout_s=gateway.settings.body_timeout_s,
+        )
+    except PayloadTooLarge as e:
+        raise batches.too_large(e) from None
+    options: dict[str, object] = dict(request.query_params)
+    lines = raw.split(b"\n")
+    if request.headers.get("content-type", "").split(";")[0].strip() == "application/json":
+        try:
+            doc = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise BadRequest(f"the request body is not valid JSON: {e}") from None
+        except RecursionError:
+            raise BadRequest("the batch body is not valid JSON: it is nested too deeply") from None
+        if not isinstance(doc, dict):
+            raise BadRequest("a JSON batch body must be an object with 'requests' or 'input'")
+        options = {k: v for k, v in doc.items() if k not in ("requests", "input")}
+        if isinstance(doc.get("requests"), list):
+            lines = [json.dumps(r).encode() for r in doc["requests"]]
+        elif isinstance(doc.get("input"), str):
+            lines = doc["input"].encode().split(b"\n")
+        else:
+            raise BadRequest("'requests' (a list of lines) or 'input' (JSONL text) is required")
+    batch = await batches.create(lines, await batches.options(options, request.headers))
+    return JSONResponse(batch, 202, {"location": f"/v2/batches/{batch['id']}"})
+
+
+async def list_batches(request: Request) -> Response:
+    raw_limit = request.query_params.get("limit", "20")
+    if not raw_limit.isdigit():
+        raise BadRequest(f"'limit' must be a whole number, got {raw_limit!r}")
+    after = request.query_params.get("after")
+    return JSONResponse(await _gateway(request).batches.list(after, int(raw_limit)))
+
+
+async def get_batch(request: Request) -> Response:
+    return JSONResponse(await _gateway(request).batches.document(request.path_params["batch"]))
+
+
+async def cancel_batch(request: Request) -> Response:
+    return JSONResponse(await _gateway(request).batches.cancel(request.path_params["batch"]))
+
+
+async def delete_batch(request: Request) -> Response:
+    return JSONResponse(await _gateway(request).batches.delete(request.path_params["batch"]))
+
+
+def answers_of(part: str) -> Callable[[Request], Awaitable[Response]]:
+    """``GET /v2/batches/{id}/output`` or ``/errors``: JSONL, in input order, as far as the
+    batch has got (complete once it is final)."""
+
+    async def answers(request: Request) -> Response:
+        batches = _gateway(request).batches
+        record, _ = await batches.read(request.path_params["batch"])
+        return StreamingResponse(batches.answers(record, part), media_type="application/jsonl")
+
+    return answers
+
+
 job_events = events_of("jobs", "job")
 batch_events = events_of("batches", "batch")
 
@@ -336,6 +407,39 @@ def routes() -> list[Route]:
             "/v2/jobs/{job}", cancel_job, api.JOB_CANCEL, name="job_cancel", methods=["DELETE"]
         ),
         ApiRoute("/v2/jobs/{job}/events", job_events, api.JOB_EVENTS, name="job_events"),
+        ApiRoute(
+            "/v2/batches", create_batch, api.CREATE_BATCH, name="batch_create", methods=["POST"]
+        ),
+        ApiRoute("/v2/batches", list_batches, api.LIST_BATCHES, name="batch_list", methods=["GET"]),
+        ApiRoute(
+            "/v2/batches/{batch}", get_batch, api.BATCH_STATUS, name="batch_status", methods=["GET"]
+        ),
+        ApiRoute(
+            "/v2/batches/{batch}",
+            delete_batch,
+            api.BATCH_DELETE,
+            name="batch_delete",
+            methods=["DELETE"],
+        ),
+        ApiRoute(
+            "/v2/batches/{batch}/cancel",
+            cancel_batch,
+            api.BATCH_CANCEL,
+            name="batch_cancel",
+            methods=["POST"],
+        ),
+        ApiRoute(
+            "/v2/batches/{batch}/output",
+            answers_of("output"),
+            api.BATCH_OUTPUT,
+            name="batch_output",
+        ),
+        ApiRoute(
+            "/v2/batches/{batch}/errors",
+            answers_of("errors"),
+            api.BATCH_ERRORS,
+            name="batch_errors",
+        ),
         ApiRoute("/v2/batches/{batch}/events", batch_events, api.BATCH_EVENTS, name="batch_events"),
         ApiRoute(
             repository + "/index",

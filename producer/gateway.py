@@ -21,6 +21,8 @@ from collections.abc import Callable
 import structlog
 
 from producer.admin import ModelAdmin
+from producer.batches import BatchService
+from producer.batchrunner import BatchRunner
 from producer.errors import ServiceUnavailable
 from producer.events import Watchers
 from producer.inflight import InflightBytes
@@ -138,6 +140,15 @@ class Gateway:
         self.watched = Watchers()
         """What the events stream announces, by field: event streams and webhooks read it."""
         self.watched.add(self.jobs)
+        self.batches = BatchService(s, self.service, self.webhooks)
+        self.watched.add(self.batches)
+        self.batch_runner = BatchRunner(
+            self.batches,
+            self.jobs,
+            s.gateway_id,
+            self.metrics,
+            self.loops.backoff("batches", critical=False),
+        )
         self.deliverer: WebhookDeliverer | None = None
         if s.webhook_secret is not None:
             self.deliverer = WebhookDeliverer(
@@ -182,6 +193,7 @@ class Gateway:
         self.loops.spawn("clock", self._resync_clock())
         self.loops.spawn("stream-gauges", self._gauges.run())
         self.loops.spawn("stats", self._stats.run())
+        self.loops.spawn("batches", self.batch_runner.run())
         if self.deliverer is not None:
             self.loops.spawn("webhooks", self.deliverer.run())
         self.wedge = WedgeWatch(

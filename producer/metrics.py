@@ -66,6 +66,13 @@ ENDPOINTS = (
     "job_cancel",
     "job_events",
     "batch_events",
+    "batch_create",
+    "batch_list",
+    "batch_status",
+    "batch_delete",
+    "batch_cancel",
+    "batch_output",
+    "batch_errors",
     "openapi",
 )
 """Values of the ``endpoint`` label; anything else is recorded as ``other``."""
@@ -149,6 +156,29 @@ class GatewayMetrics:
         self.waiting = Gauge(
             "inferq_gateway_waiting_requests",
             "Requests queued by this gateway and waiting for their result (in-flight waiters).",
+            registry=r,
+        )
+        self.batches_driven = Gauge(
+            "inferq_gateway_batches_in_flight",
+            "Batches not yet final that this gateway drives (holds the lease of); sum over "
+            "gateways for the cluster's total.",
+            registry=r,
+        )
+        self.batch_lines_pending = Gauge(
+            "inferq_gateway_batch_lines_pending",
+            "Input lines of the batches this gateway drives that are not answered yet.",
+            registry=r,
+        )
+        self.batch_paced = Counter(
+            "inferq_gateway_batch_paced_total",
+            "Rounds of queueing batch lines that stopped early: the model's job backlog was "
+            "at --max-job-backlog (or Redis refused), so the rest waited for the next round.",
+            registry=r,
+        )
+        self.batch_lines = Counter(
+            "inferq_gateway_batch_lines_total",
+            "Batch lines answered by this gateway, by outcome (completed, failed).",
+            ["outcome"],
             registry=r,
         )
         lane = ["model", "lane"]

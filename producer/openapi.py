@@ -46,6 +46,16 @@ ERROR_REASONS = {
 
 _ERROR = {"type": "object", "properties": {"error": {"type": "string"}}, "required": ["error"]}
 _JOB_STATUSES = ["queued", "running", "succeeded", "failed", "expired", "cancelled"]
+_BATCH_STATUSES = [
+    "validating",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "failed",
+    "expired",
+    "cancelling",
+    "cancelled",
+]
 
 _TENSOR: dict[str, Any] = {
     "type": "object",
@@ -150,6 +160,57 @@ SCHEMAS: dict[str, Any] = {
                     "events": {"type": "array", "items": {"type": "string"}},
                 },
             },
+        },
+    },
+    "Batch": {
+        "type": "object",
+        "required": ["id", "status", "request_counts"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["batch"]},
+            "status": {"type": "string", "enum": _BATCH_STATUSES},
+            "model": {"type": "string", "nullable": True},
+            "completion_window": {"type": "string"},
+            "request_counts": {
+                "type": "object",
+                "properties": {
+                    "total": {"type": "integer"},
+                    "completed": {"type": "integer"},
+                    "failed": {"type": "integer"},
+                },
+            },
+            **{f"{s}_at": {"type": "string", "nullable": True} for s in _BATCH_STATUSES},
+            "created_at": {"type": "string"},
+            "expires_at": {"type": "string"},
+            "output_url": {"type": "string"},
+            "errors_url": {"type": "string"},
+            "metadata": {"type": "object"},
+        },
+    },
+    "BatchRequest": {
+        "type": "object",
+        "description": "the JSON form; or send JSONL (one line per request) with the options "
+        "as query parameters (docs/batches.md)",
+        "properties": {
+            "requests": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "custom_id": {"type": "string"},
+                        "method": {"type": "string", "enum": ["POST"]},
+                        "url": {"type": "string"},
+                        "body": {"$ref": "#/components/schemas/InferRequest"},
+                    },
+                },
+            },
+            "input": {"type": "string", "description": "JSONL text"},
+            "model": {"type": "string", "description": "the model of bare V2 lines"},
+            "version": {"type": "string"},
+            "completion_window": {"type": "string", "description": "e.g. 24h, 30m, 3600"},
+            "metadata": {"type": "object"},
+            "webhook": {"type": "string"},
+            "webhook_events": {"type": "string"},
         },
     },
 }
@@ -277,6 +338,57 @@ BATCH_EVENTS = Operation(
     _EVENTS,
     errors=(400, 404, 503),
     headers={"Last-Event-ID": {"type": "string"}},
+)
+_BATCH_QUERY = {
+    "model": {"type": "string"},
+    "version": {"type": "string"},
+    "completion_window": {"type": "string"},
+    "metadata": {"type": "string", "description": "a JSON object of strings"},
+}
+CREATE_BATCH = Operation(
+    "Create a batch from JSONL (or JSON) lines: each runs as a low-lane job",
+    {202: Reply("accepted: the batch", "Batch")},
+    errors=(400, 408, 413, 415, 429, 503),
+    body="BatchRequest",
+    query=_BATCH_QUERY,
+    headers={
+        "Inferq-Webhook": {"type": "string", "description": "as the webhook option"},
+        "Inferq-Webhook-Events": {"type": "string", "description": "as webhook_events"},
+    },
+)
+LIST_BATCHES = Operation(
+    "Batches, newest first, a page at a time",
+    {200: Reply("object list, data, first_id, last_id, has_more", OBJECT)},
+    errors=(400, 503),
+    query={
+        "after": {"type": "string", "description": "the last id of the previous page"},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100},
+    },
+)
+BATCH_STATUS = Operation(
+    "A batch: status and request counts", {200: Reply("the batch", "Batch")}, errors=(404, 503)
+)
+BATCH_CANCEL = Operation(
+    "Cancel a batch: lines not started are not run",
+    {200: Reply("the batch, cancelling or cancelled", "Batch")},
+    errors=(404, 409, 503),
+)
+BATCH_DELETE = Operation(
+    "Delete a finished batch and its output",
+    {200: Reply("deleted", OBJECT)},
+    errors=(404, 409, 503),
+)
+BATCH_OUTPUT = Operation(
+    "The lines the model answered, JSONL in input order: custom_id, line, response "
+    "{status_code, body}",
+    {200: Reply("application/jsonl")},
+    errors=(404, 503),
+)
+BATCH_ERRORS = Operation(
+    "The lines that failed or were malformed, JSONL in input order: custom_id, line, error "
+    "{code, message}",
+    {200: Reply("application/jsonl")},
+    errors=(404, 503),
 )
 REPOSITORY_INDEX = Operation(
     "Every model version and its state (Triton's repository index)",

@@ -189,6 +189,34 @@ class GatewaySettings(ConnectionSettings):
         parse=non_negative_float,
         help="longest long poll on GET /v2/jobs/{id}?wait=",
     )
+    max_batch_lines: int = option(
+        50_000,
+        flag="--max-batch-lines",
+        env="INFERQ_MAX_BATCH_LINES",
+        parse=positive_int,
+        help="a batch (POST /v2/batches) of more input lines gets 413",
+    )
+    max_batch_bytes: int = option(
+        64 * 1024 * 1024,
+        flag="--max-batch-bytes",
+        env="INFERQ_MAX_BATCH_BYTES",
+        parse=positive_int,
+        help="a batch whose body is larger than this many bytes gets 413",
+    )
+    max_batches_in_flight: int = option(
+        16,
+        flag="--max-batches-in-flight",
+        env="INFERQ_MAX_BATCHES_IN_FLIGHT",
+        parse=positive_int,
+        help="a new batch while this many are not yet final gets 429",
+    )
+    batch_ttl_s: int = option(
+        7 * 86_400,
+        flag="--batch-ttl",
+        env="INFERQ_BATCH_TTL",
+        parse=positive_int,
+        help="seconds a batch, its input and its output are kept after it was created",
+    )
     job_durability: str = option(
         "async",
         flag="--job-durability",

@@ -24,6 +24,12 @@ same tag live in the same slot, so on one master)::
                                       delivery (``protocol.webhooks``), with a TTL
     {ns}:webhooks:dlq                 dead-letter stream of webhook deliveries that never got a
                                       2xx (``inferq dlq --webhooks``)
+    {ns}:batch:{<id>}                 batch record (hash, ``protocol.batches``), with a TTL; and,
+    {ns}:batch:{<id>}:lines|jobs|output|errors|lease   under the same tag, its valid lines
+                                      (list), line -> job id, line -> output or error line
+                                      (hashes: one answer per line), and who drives it
+    {ns}:batches                      zset (score 0, by id): every batch, for listing
+    {ns}:batches:active               set: batches not yet final, driven by some gateway
 
     Control plane: one slot per namespace (a few commands a second; read and written together)
     {ns}:{<ns>}:workers               zset: worker id -> heartbeat expiry (Redis-clock ms)
@@ -261,6 +267,19 @@ class Keys:
     @property
     def webhook_dlq(self) -> str:
         return f"{self.namespace}:webhooks:dlq"
+
+    def batch(self, batch_id: str, part: str = "") -> str:
+        """A batch's record, or one of its parts (``BATCH_PARTS``): one hash tag, so a batch's
+        keys live together while its lines' jobs spread over the models' partitions."""
+        return f"{self.namespace}:batch:{{{batch_id}}}" + (f":{part}" if part else "")
+
+    @property
+    def batches(self) -> str:
+        return f"{self.namespace}:batches"
+
+    @property
+    def batches_active(self) -> str:
+        return f"{self.namespace}:batches:active"
 
     @property
     def dlq_pattern(self) -> str:

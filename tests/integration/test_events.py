@@ -149,7 +149,7 @@ def test_an_unknown_job_or_kind_is_404(stack):
         r = c.get("/v2/jobs/AAAAAAAAAAAAAAAAAAAAAA/events")
         assert r.status_code == 404 and "no job" in r.json()["error"]
         r = c.get("/v2/batches/b1/events")
-        assert r.status_code == 404 and "batches" in r.json()["error"]
+        assert r.status_code == 404 and "no batch 'b1'" in r.json()["error"]
 
 
 def test_a_cancelled_job_tells_queued_then_cancelled(stack):

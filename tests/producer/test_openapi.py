@@ -30,8 +30,9 @@ def test_every_documented_route_is_one_operation_and_nothing_else_is() -> None:
         if m != "HEAD"
     }
     assert operations(doc) == routed
-    # 16, config (2), stats (3), GET index and reset (issue #23), job and batch events (#24)
-    assert len(routed) == 25
+    # 16, config (2), stats (3), GET index and reset (issue #23), job and batch events (#24),
+    # batches: create, list, get, delete, cancel, output, errors (#24)
+    assert len(routed) == 32
     undocumented = {r.path for r in table if isinstance(r, Route) and not isinstance(r, ApiRoute)}
     # The operator console's page and views: a page and its own reads, described in
     # docs/console.md, not part of the inference API.
@@ -94,7 +95,7 @@ def test_admin_routes_need_the_token_and_inference_takes_a_v2_body() -> None:
 
 def test_the_document_loads_as_openapi_and_is_not_shared_between_calls() -> None:
     doc = document(routes())
-    assert len(list(schemathesis.openapi.from_dict(doc).get_all_operations())) == 25
+    assert len(list(schemathesis.openapi.from_dict(doc).get_all_operations())) == 32
     doc["components"]["schemas"]["Error"]["properties"].clear()
     assert SCHEMAS["Error"]["properties"] == {"error": {"type": "string"}}
 
