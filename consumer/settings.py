@@ -181,6 +181,10 @@ class WorkerSettings(ConnectionSettings):
         parse=non_negative_float,
         help="on demand: unload a model that ran no request for this long (0: never)",
     )
+    restarts: int = 0
+    """How many times ``inferq up`` restarted this worker's slot before this process: the CLI
+    reads it from ``INFERQ_RESTARTS`` (``protocol.exits.RESTARTS_ENV``, set by the supervisor,
+    not by users), and the worker advertises it."""
     demand_poll_s: float = 0.25
     """On demand: how often the worker looks for requests waiting for a model it does not hold
     (one GET of the published backlog snapshot while it is fresh)."""

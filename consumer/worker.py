@@ -26,7 +26,7 @@ from consumer.leases import JobLeases, lease_ms
 from consumer.ledger import Ledger
 from consumer.metrics import WorkerMetrics
 from consumer.model import ServedModel
-from consumer.ondemand import OnDemand
+from consumer.ondemand import OnDemand, resident_bytes
 from consumer.outgoing import Outcomes
 from consumer.reader import Reader, ReadGroup
 from consumer.reclaimer import Reclaimer
@@ -499,6 +499,8 @@ class Worker:
             repository=held,
             fallbacks=self.control.fallback_generations() if self.control is not None else {},
             on_demand=self.settings.on_demand,
+            resident_bytes=resident_bytes(),
+            restarts=self.settings.restarts,
         )
 
     # -- on demand (consumer.ondemand's host) ---------------------------------------------------

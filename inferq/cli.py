@@ -23,7 +23,14 @@ from consumer.settings import WorkerSettings
 from inferq.gateways import FleetSettings, ListenError
 from inferq.up import UpSettings
 from producer.settings import GatewaySettings
-from protocol.exits import EXIT_FAILED, EXIT_LOOP_FAILED, EXIT_OK, EXIT_USAGE, StopSignals
+from protocol.exits import (
+    EXIT_FAILED,
+    EXIT_LOOP_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    StopSignals,
+    restarts_from,
+)
 from protocol.options import add_flags, from_args
 
 
@@ -205,7 +212,7 @@ def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ
     configure(args.log_level)
     if not _start_tracing("worker", environ):
         return EXIT_USAGE
-    settings: WorkerSettings = from_args(WorkerSettings, args)
+    settings: WorkerSettings = from_args(WorkerSettings, args, restarts=restarts_from(environ))
     worker = Worker(settings)
 
     # A second signal forces exit, as promised in --help: no drain, no cleanup.

@@ -13,6 +13,9 @@ a slot no longer wanted gets SIGTERM, drains in its own time while everything el
 starts at once, or as soon as its draining process has exited (a slot keeps one consumer name,
 which two processes must never share).
 
+Every child gets its slot's restart count so far in ``INFERQ_RESTARTS``
+(``protocol.exits.RESTARTS_ENV``), which a worker advertises for the console.
+
 The policy (``Backoff``) is pure and takes the time as an argument; the ``Supervisor`` gets its
 clock and its process launcher injected. Both are tested without processes or sleeps.
 """
@@ -27,10 +30,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from protocol.exits import EXIT_USAGE
+from protocol.exits import EXIT_USAGE, RESTARTS_ENV
 
 
 @dataclass(frozen=True)
@@ -355,7 +358,9 @@ class Supervisor:
             self._launch(slot, scaled=True)
 
     def _launch(self, slot: _Slot, *, scaled: bool = False) -> None:
-        slot.process = self._spawn(slot.spec)
+        # The child learns how often its slot was restarted before it (workers advertise it).
+        env = {**slot.spec.env, RESTARTS_ENV: str(slot.restarts)}
+        slot.process = self._spawn(replace(slot.spec, env=env))
         slot.started_at = self._clock()
         self._on_event(Started(slot.spec.name, slot.process.pid, slot.restarts, scaled))
 

@@ -228,6 +228,9 @@ class ConsoleViews:
                     else [],
                     "batches_per_s": self._batches_per_s.get(worker_id),
                     "in_flight": in_flight.get(worker_id, 0),
+                    # 0: a worker of a release that does not say, or no /proc to read.
+                    "resident_bytes": (info.resident_bytes or None) if info else None,
+                    "restarts": info.restarts if info else None,
                 }
             )
         return {"now_ms": now, "workers": rows}

@@ -19,9 +19,13 @@ def pack(fields: list[Any]) -> bytes:
     return cast(bytes, msgpack.packb([PROTOCOL_VERSION, *fields], use_bin_type=True))
 
 
-def unpack(raw: bytes, what: str, n_fields: int) -> list[Any]:
+def unpack(raw: bytes, what: str, n_fields: int, *, defaults: tuple[Any, ...] = ()) -> list[Any]:
     """The fields after the version, checked: valid msgpack, this protocol version, and exactly
-    ``n_fields`` of them. Map keys must be strings (no hash-flooding with odd key types)."""
+    ``n_fields`` of them. Map keys must be strings (no hash-flooding with odd key types).
+
+    ``defaults`` are the values of the last fields, which a writer of an older release, which
+    had not added them yet, leaves out: a message up to ``len(defaults)`` fields short is
+    completed with them (the caller still checks every field, those included)."""
     try:
         items = msgpack.unpackb(raw, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises a zoo of types on garbage
@@ -30,9 +34,11 @@ def unpack(raw: bytes, what: str, n_fields: int) -> list[Any]:
         raise ProtocolError(f"{what} is not a msgpack array")
     if type(items[0]) is not int or items[0] != PROTOCOL_VERSION:  # not True, not 1.0
         raise VersionMismatch(items[0], PROTOCOL_VERSION)
-    if len(items) != n_fields + 1:
-        raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {n_fields}")
-    return items[1:]
+    missing = n_fields + 1 - len(items)
+    if not 0 <= missing <= len(defaults):
+        expected = f"{n_fields - len(defaults)} to {n_fields}" if defaults else str(n_fields)
+        raise ProtocolError(f"{what} has {len(items) - 1} fields, expected {expected}")
+    return items[1:] + list(defaults[len(defaults) - missing :])
 
 
 T = TypeVar("T")

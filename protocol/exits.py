@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -34,6 +34,18 @@ EXIT_LOOP_FAILED = 70
 """A background loop crashed (EX_SOFTWARE): exit so that the supervisor restarts the process."""
 EXIT_INTERRUPTED = 130
 """Interrupted before the command could finish (128 + SIGINT, as shells report it)."""
+
+RESTARTS_ENV = "INFERQ_RESTARTS"
+"""Set by the supervisor (``inferq up``, ``inferq gateway --gateways N``) on every child it
+starts: how many times it restarted that child's slot before (0 for the slot's first process).
+A worker advertises it (the console's Workers view). Not a user setting: no flag declares it."""
+
+
+def restarts_from(environ: Mapping[str, str]) -> int:
+    """The restart count a supervisor passed in ``RESTARTS_ENV``; 0 without a supervisor, and
+    for a value that is not a count (it is only shown, never acted on)."""
+    raw = environ.get(RESTARTS_ENV, "")
+    return int(raw) if raw.isascii() and raw.isdigit() else 0
 
 
 class StopSignals:

@@ -193,6 +193,12 @@ class WorkerInfo:
     on_demand: bool = False
     """It loads the models of ``repository`` (those with metadata) when requests for them wait
     (``--load on-demand``): a request for one of them waits instead of being refused."""
+    resident_bytes: int = 0
+    """Its resident memory (RSS) when it described itself, at its last heartbeat (0: unknown,
+    as from a worker of a release that did not say)."""
+    restarts: int = 0
+    """How many times ``inferq up`` restarted its slot before this process (0 for the first,
+    and for a worker no supervisor started)."""
 
     def loads_on_demand(self, model: str) -> bool:
         """Whether it would load the model for a request (it may serve it already)."""
@@ -218,14 +224,17 @@ class WorkerInfo:
                 [r.wire() for r in self.repository],
                 self.fallbacks,
                 self.on_demand,
+                self.resident_bytes,
+                self.restarts,
             ]
         )
 
     @classmethod
     def decode(cls, raw: bytes) -> WorkerInfo:
-        wid, host, pid, started, models, repository, fallbacks, on_demand = unpack(
-            raw, "worker info", 8
-        )
+        """The advertisement; one of an older worker, without the last two fields, decodes with
+        them 0 (during a rolling upgrade, gateways read both)."""
+        fields = unpack(raw, "worker info", 10, defaults=(0, 0))
+        wid, host, pid, started, models, repository, fallbacks, on_demand, rss, restarts = fields
         if not isinstance(wid, str) or not isinstance(models, list):
             raise ProtocolError("worker info: invalid id or models")
         if not isinstance(host, str) or not _is_int(pid) or not _is_int(started):
@@ -236,6 +245,8 @@ class WorkerInfo:
             raise ProtocolError(f"worker info {wid}: fallbacks must map models to generations")
         if not isinstance(on_demand, bool):
             raise ProtocolError(f"worker info {wid}: on_demand must be a boolean")
+        if not all(_is_int(n) and n >= 0 for n in (rss, restarts)):
+            raise ProtocolError(f"worker info {wid}: resident_bytes and restarts must be counts")
         return cls(
             id=wid,
             host=host,
@@ -245,4 +256,6 @@ class WorkerInfo:
             repository=tuple(RepositoryModel.from_wire(r) for r in repository),
             fallbacks=dict(fallbacks),
             on_demand=on_demand,
+            resident_bytes=rss,
+            restarts=restarts,
         )

@@ -38,6 +38,11 @@ function num(value, digits) {
   return digits === undefined ? String(value) : Number(value).toFixed(digits);
 }
 
+function mib(bytes) {
+  if (!bytes) return "-";
+  return bytes < 1024 * 1048576 ? `${(bytes / 1048576).toFixed(0)} MiB` : `${(bytes / 1073741824).toFixed(2)} GiB`;
+}
+
 function when(stamp) { return stamp ? new Date(stamp).toISOString().replace("T", " ").slice(0, 23) : "-"; }
 
 class ApiError extends Error {
@@ -221,10 +226,12 @@ VIEWS.workers = async function () {
     el("td", { class: "num" }, w.heartbeat_expires_in_ms > 0 ? `in ${ms(w.heartbeat_expires_in_ms)}` : `${ms(-w.heartbeat_expires_in_ms)} ago`),
     el("td", {}, w.models.map(m => `${m.name} (${m.versions.join(", ") || "unloaded"})`).join("; ")),
     el("td", { class: "num in-flight" }, w.in_flight),
-    el("td", { class: "num" }, num(w.batches_per_s, 1))));
+    el("td", { class: "num" }, num(w.batches_per_s, 1)),
+    el("td", { class: "num restarts" }, num(w.restarts)),
+    el("td", { class: "num memory" }, w.resident_bytes ? mib(w.resident_bytes) : "-")));
   show(el("h2", {}, "Workers"),
-    table(["worker", "state", "host", "pid", "up for", "heartbeat expires", "models", "in flight", "batches/s"], rows, { id: "workers" }),
-    el("p", { class: "muted" }, "In flight: requests read and not yet acknowledged. Restarts are in inferq up's log and memory on each worker's metrics port, not here."));
+    table(["worker", "state", "host", "pid", "up for", "heartbeat expires", "models", "in flight", "batches/s", "restarts", "memory"], rows, { id: "workers" }),
+    el("p", { class: "muted" }, "In flight: requests read and not yet acknowledged. Restarts: how often inferq up restarted the worker's slot. Memory: its resident set at its last heartbeat."));
 };
 
 // -- jobs ----------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from inferq.supervisor import (
     Stopped,
     Supervisor,
 )
+from protocol.exits import RESTARTS_ENV, restarts_from
 
 
 class FakeProcess:
@@ -293,3 +294,17 @@ def test_stop_does_not_send_a_second_sigterm_to_a_draining_worker():
     h.sup.stop([("worker", 0.01)])  # (a second SIGTERM would end its drain at once)
     assert h.signals.count(("worker 1", signal.SIGTERM)) == 1
     assert h.signals.count(("worker 0", signal.SIGTERM)) == 1
+
+
+def test_each_process_is_told_how_often_its_slot_was_restarted_before_it():
+    h = Harness("worker 0", "worker 1")
+    h.crash("worker 0")
+    h.crash("worker 0", after_s=60)  # ran long enough: restarted at once again
+    told = [(p.spec.name, p.spec.env[RESTARTS_ENV]) for p in h.spawned]
+    assert told == [("worker 0", "0"), ("worker 1", "0"), ("worker 0", "1"), ("worker 0", "2")]
+
+
+def test_the_restart_count_reaches_the_workers_settings_through_its_variable():
+    assert restarts_from({RESTARTS_ENV: "4"}) == 4
+    assert restarts_from({}) == 0  # no supervisor
+    assert [restarts_from({RESTARTS_ENV: v}) for v in ("", "-1", "x", "²")] == [0, 0, 0, 0]

@@ -21,6 +21,7 @@ import redis
 
 from inferq.redisserver import free_port
 from protocol.keys import Keys, hash_tag
+from protocol.registry import WorkerInfo
 from tests.support import free_port_pair, sim_body, wait_until
 from tests.upstack import UpProcess, up_processes
 
@@ -107,7 +108,17 @@ def test_a_gateway_metrics_port_in_use_stops_the_stack_with_the_reason(up):
     assert any(f"cannot serve metrics on 127.0.0.1:{port}" in line for line in u.lines), u.lines
 
 
-def test_a_killed_worker_and_a_killed_gateway_are_replaced_and_the_restarts_counted(up):
+def _advertised_restarts(redis_url: str, namespace: str) -> list[int]:
+    """What the live workers advertise as their slots' restart counts (INFERQ_RESTARTS)."""
+    keys = Keys(namespace)
+    with redis.Redis.from_url(redis_url) as r:
+        raws = [r.get(keys.worker(w.decode())) for w in r.zrange(keys.workers, 0, -1)]
+    return [WorkerInfo.decode(raw).restarts for raw in raws if raw is not None]
+
+
+def test_a_killed_worker_and_a_killed_gateway_are_replaced_and_the_restarts_counted(
+    up, redis_url, namespace
+):
     u = up("--workers", "1")
     u.wait_ready()
     assert all(_fresh_connections(u.url, 3))
@@ -123,6 +134,8 @@ def test_a_killed_worker_and_a_killed_gateway_are_replaced_and_the_restarts_coun
     # The stack serves again: the replacement gateway answers, the replacement worker runs.
     u.wait_for(lambda: _fresh_connections(u.url, 1) == [True], "a correct answer again")
     assert all(_fresh_connections(u.url, 5, offset=10))
+    # The replacement was told it is its slot's first restart, and says so (the console shows it).
+    u.wait_for(lambda: _advertised_restarts(redis_url, namespace) == [1], "restarts advertised")
     children = _children(u.proc.pid)
     assert u.stop() == 0
     assert "inferq up: stopped; 2 restart(s) (worker 0: 1, gateway 0: 1)" in u.lines

@@ -156,6 +156,9 @@ def test_both_workers_and_the_backlog_rise_while_the_workers_are_paused(up, brow
         browser.save_screenshot(str(shots / "backlog.png"))
         tab(browser, "workers")
         until(browser, lambda: text_of(browser, "#workers tr.live").count("sim") == 2, "workers")
+        # Both advertised their memory before the pause; neither slot was restarted.
+        assert text_of(browser, "#workers tr.live td.memory").count("MiB") == 2
+        assert text_of(browser, "#workers tr.live td.restarts") == "0 0"
         browser.save_screenshot(str(shots / "workers.png"))
     finally:
         for pid in pids:

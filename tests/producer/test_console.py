@@ -146,6 +146,24 @@ def test_the_overview_shows_models_versions_and_backlog(console):
         assert workers[0]["heartbeat_expires_in_ms"] > 0
 
 
+def test_a_worker_shows_its_memory_and_how_often_inferq_up_restarted_it(stack):
+    s = stack(workers=0, admin_token=ADMIN)
+    s.add_worker(restarts=3)  # what INFERQ_RESTARTS from the supervisor sets
+    s.add_worker()  # one no supervisor started
+    s.wait_ready("sim")
+    with s.client() as c:
+
+        def both() -> list[dict]:
+            doc = c.get("/console/api/workers", headers=bearer(ADMIN)).json()
+            return [w for w in doc["workers"] if w["live"]]
+
+        wait_until(lambda: len(both()) == 2, 10, "both workers to advertise")
+        workers = both()
+        assert sorted(w["restarts"] for w in workers) == [0, 3]
+        # Resident memory of the process (both run in this one): at least the interpreter's.
+        assert all(w["resident_bytes"] > 10 * 2**20 for w in workers)
+
+
 def test_a_redis_outage_is_a_503_with_a_message_not_a_500(stack, redis_url):
     from inferq.redisserver import free_port
 

@@ -199,6 +199,9 @@ WORKERS = [
         ),
         fallbacks={"a": 7},
     ),
+    WorkerInfo(
+        id="w4", host="h4", pid=4, started_ms=4, models=(), resident_bytes=2**40, restarts=7
+    ),
 ]
 
 
@@ -265,6 +268,21 @@ def test_worker_info_decodes_to_exactly_what_was_encoded(worker: WorkerInfo) -> 
     decoded = WorkerInfo.decode(worker.encode())
     assert decoded == worker
     assert decoded.encode() == worker.encode()
+
+
+def test_an_older_workers_advertisement_without_memory_and_restarts_still_decodes() -> None:
+    items = unpack(WORKERS[3].encode())[:-2]  # what a worker of the release before sent
+    decoded = WorkerInfo.decode(pack(items))
+    assert decoded.resident_bytes == 0 and decoded.restarts == 0
+    assert decoded == WORKERS[3]
+
+
+@pytest.mark.parametrize("fields", [7, 11], ids=["one short of the older form", "one too many"])
+def test_worker_info_with_fields_missing_or_extra_is_rejected(fields: int) -> None:
+    items = unpack(WORKERS[4].encode())
+    items = items[: fields + 1] if fields < len(items) - 1 else [*items, 0]
+    with pytest.raises(ProtocolError, match="expected 8 to 10"):
+        WorkerInfo.decode(pack(items))
 
 
 # --------------------------------------------------------------------------------------------
@@ -745,6 +763,10 @@ WRONG_WORKER_FIELDS = [
     (4, [1], "started_ms is a list"),
     (5, {}, "models is a map"),
     (5, [[1, 2]], "a model is a short list"),
+    (9, -1, "resident_bytes is negative"),
+    (9, 1.5, "resident_bytes is a float"),
+    (10, True, "restarts is a bool"),
+    (10, "3", "restarts is a string"),
 ]
 
 
