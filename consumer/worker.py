@@ -25,7 +25,7 @@ from consumer.dispatcher import Dispatcher
 from consumer.ledger import Ledger
 from consumer.metrics import MetricsServer, WorkerMetrics
 from consumer.model import ServedModel
-from consumer.ondemand import OnDemand
+from consumer.ondemand import Loaded, OnDemand
 from consumer.outgoing import Outcomes
 from consumer.reader import Reader, ReadGroup
 from consumer.reclaimer import Reclaimer
@@ -500,11 +500,12 @@ class Worker:
 
     def loadable(self) -> dict[str, int]:
         """Models of the repository (or of ``--models``) this worker may load and does not
-        hold: name -> partitions."""
+        hold, but for those an administrator unloaded: name -> partitions."""
+        withdrawn = self.control.withdrawn if self.control is not None else set()
         return {
             m.name: m.metadata.partitions
             for m in self._listing
-            if m.metadata is not None and m.name not in self.slots
+            if m.metadata is not None and m.name not in self.slots and m.name not in withdrawn
         }
 
     def held(self) -> dict[str, tuple[float, bool]]:
@@ -514,14 +515,14 @@ class Worker:
             if name not in self._unloading
         }
 
-    async def load_on_demand(self, name: str) -> bool:
-        """Load and serve the model as its committed policy says (else its config); False when
-        it cannot be (an administrator unloaded it, or its load failed: logged, and said in the
-        advertisement like a model skipped at start)."""
+    async def load_on_demand(self, name: str) -> Loaded:
+        """Load and serve the model as its committed policy says (else its config); not when
+        an administrator unloaded it (``WITHDRAWN``) or its load failed (``FAILED``: logged,
+        and said in the advertisement like a model skipped at start)."""
         assert self.control is not None
         policy = await self.control.committed_policy(name)
         if policy is not None and not policy.loaded:
-            return False
+            return Loaded.WITHDRAWN
         try:
             config = await asyncio.to_thread(load_config, self.settings.model_repository, name)
             model = await self._start_model(config, policy)
@@ -529,10 +530,10 @@ class Worker:
             known = isinstance(e, RepositoryError | BackendError)
             self.skipped[name] = str(e) if known else f"{type(e).__name__}: {e}"
             log.error("model load on demand failed", model=name, error=self.skipped[name])
-            return False
+            return Loaded.FAILED
         await self.add_model(model)
         await self.control.serving(model, 0 if policy is None else policy.generation)
-        return True
+        return Loaded.SERVING
 
     async def unload_model(self, name: str, reason: str) -> None:
         """Stop serving a model: the reader asks for none of its entries from now on, what
