@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 from dataclasses import replace
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -43,7 +44,7 @@ from consumer.stats import WorkerStats
 from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
 from protocol.jobs import TRANSITION_SCRIPT
-from protocol.keys import Keys, hash_tag, is_valid_name
+from protocol.keys import GROUP, Keys, hash_tag, is_valid_name
 from protocol.registry import RepositoryModel, WorkerInfo
 from runtime import tracing
 from runtime.broker import Broker, Script, connect
@@ -565,10 +566,33 @@ class Worker:
                     await asyncio.sleep(0.01)
         await self.loops.cancel([f"dispatch-{name}"])
         self.slots.remove(name)
+        await self._hand_back(name, self.ledger.unfinished(mine))
         await asyncio.to_thread(slot.close)
         self.metrics.observe_unload(name, reason)
         await self.republish()
         log.info("model unloaded", model=name, reason=reason)
+
+    async def _hand_back(self, name: str, left: dict[str, list[bytes]]) -> None:
+        """Entries of a model just unloaded that did not finish within the drain timeout (its
+        dispatcher is gone): held, the reclaimer would renew them forever and a later load
+        of the model here would skip them as already held. So they are no longer held, and
+        marked idle for ``claim_idle_ms`` (``XCLAIM ... IDLE``, no delivery counted): the next
+        reclaimer pass of a worker that holds the model takes them, and a load here reads its
+        own pending list first."""
+        assert self._redis is not None
+        idle_ms = self.settings.claim_idle_ms
+        for stream, ids in left.items():
+            for entry_id in ids:
+                self.ledger.abandon((stream, entry_id))
+            try:
+                await self._redis.xclaim(
+                    stream, GROUP, self.id, 0, cast(list[Any], ids), idle=idle_ms, justid=True
+                )
+            except RETRYABLE as e:  # they go idle on their own, claim_idle_ms later
+                log.warning("could not hand entries back", model=name, error=str(e))
+        if left:
+            count = sum(len(ids) for ids in left.values())
+            log.warning("unfinished entries handed back at unload", model=name, count=count)
 
     async def republish(self) -> None:
         """Advertise what the models serve now (after a version change)."""

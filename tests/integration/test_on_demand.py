@@ -295,3 +295,38 @@ def test_on_one_redis_and_on_a_cluster_two_models_take_turns_under_a_budget_of_o
     finally:
         for thing in reversed(started):
             thing.stop()
+
+
+def test_a_request_cut_off_by_an_unload_past_the_drain_timeout_is_handed_back_and_answered(
+    redis_url, namespace, tmp_path
+):
+    """Unloaded while its 1.5 s call runs, under a drain timeout of 0.2 s: the worker stops
+    holding the entry (else it would renew it forever and skip it as held when it loads the
+    model again); loaded again, it reads its own pending list first and answers it."""
+    repo = tmp_path / "models"
+    write_simulated_model(repo, "slow", base_ms=1500, per_row_ms=0, max_batch=1)
+    started: list[Any] = []
+    s = Stack(redis_url, namespace, repo, started)
+    try:
+        w = s.add_worker(load="on-demand", demand_poll_s=0.05, drain_timeout_s=0.2)
+        s.start_gateway(admin_token=TOKEN)
+        with ThreadPoolExecutor(2) as pool:
+            first = pool.submit(answers, s, "slow", [1.0])
+            wait_until(lambda: w.worker.holding == 1, what="the first request to be read")
+            r = admin(s, "/v2/repository/models/slow/unload")
+            assert r.status_code == 200, r.text
+            wait_until(
+                lambda: (
+                    counter(w, "inferq_worker_model_unloads_total", model="slow", reason="control")
+                    == 1
+                ),
+                what="slow to be unloaded",
+            )
+            assert w.worker.holding == 0  # handed back, not held and renewed
+            r = admin(s, "/v2/repository/models/slow/load")
+            assert r.status_code == 200, r.text
+            assert answers(s, "slow", [2.0]) == [8.0]  # its request brings the load
+            assert first.result(timeout=30) == [4.0]
+    finally:
+        for thing in reversed(started):
+            thing.stop()
