@@ -107,6 +107,9 @@ class ModelControl:
         self.fallbacks: dict[str, tuple[int, str]] = {}
         """Model -> (generation, why) of a committed policy this worker could not serve at
         start: it serves the repository config's versions instead."""
+        self.withdrawn: set[str] = set()
+        """Models whose committed policy, as last seen here, unloads them: an on-demand worker
+        does not load them for requests that wait (its next load call makes them loadable)."""
 
     async def committed_policies(self) -> dict[str, VersionPolicy]:
         """Mark the end of the control stream, then read the committed policies: every change
@@ -118,6 +121,7 @@ class ModelControl:
         policies = decode_hash(raw, VersionPolicy.decode, _ignored_policy)
         for name, policy in policies.items():
             self._generation[name] = policy.generation
+            self._withdraw(name, policy)
         newest: dict[str, Command] = {}
         for _, fields in recent:  # newest first
             with contextlib.suppress(ProtocolError):
@@ -239,6 +243,7 @@ class ModelControl:
         """A model loaded on demand, as of the policy of ``generation``. A change committed
         while it loaded is applied now (its COMMIT found the model not served yet)."""
         self._generation[model.name] = max(generation, self._generation.get(model.name, 0))
+        self.withdrawn.discard(model.name)
         newer = await self.committed_policy(model.name)
         if newer is not None and newer.generation > generation:
             self._generation[model.name] = generation
@@ -248,6 +253,13 @@ class ModelControl:
             await self._unload_on_demand(model, newer)
             return
         await self._report(self._line(model, generation), "")
+
+    def _withdraw(self, name: str, policy: VersionPolicy) -> None:
+        """Record whether the committed ``policy`` unloads the model (``withdrawn``)."""
+        if policy.loaded:
+            self.withdrawn.discard(name)
+        else:
+            self.withdrawn.add(name)
 
     def _unloads_here(self, policy: VersionPolicy) -> bool:
         """An unload of a model this worker holds that it gives up (on demand) rather than
@@ -260,6 +272,8 @@ class ModelControl:
         loading; the load that requests bring applies the committed policy."""
         name, policy = command.model, command.policy
         if command.op is Op.COMMIT:
+            if policy.generation > self._generation.get(name, -1):
+                self._withdraw(name, policy)
             self._generation[name] = max(policy.generation, self._generation.get(name, 0))
             return
         if command.op is not Op.PREPARE:
@@ -290,6 +304,7 @@ class ModelControl:
         if policy.generation <= self._generation.get(model.name, -1):
             return
         self._generation[model.name] = policy.generation
+        self._withdraw(model.name, policy)
         self._prepared.pop(model.name, None)
         await self._host.unload_model(model.name, "control")
         report = LoadReport(

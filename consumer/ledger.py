@@ -89,6 +89,15 @@ class Ledger:
         for entry in entries:
             self._held.pop(entry, None)
 
+    def unfinished(self, streams: set[str]) -> dict[str, list[bytes]]:
+        """Per stream of ``streams``, entries held whose outcome is not stored yet (queued or
+        running): what a model unloaded past its drain timeout leaves (``abandon`` them)."""
+        left: dict[str, list[bytes]] = {}
+        for (stream, entry_id), held in self._held.items():
+            if stream in streams and held.stage is not Stage.STORED:
+                left.setdefault(stream, []).append(entry_id)
+        return left
+
     def abandon(self, entry: Entry) -> None:
         """Stop holding an entry without acknowledging it: it stays pending in Redis, is no
         longer renewed, and another worker reclaims it after ``claim_idle_ms``."""

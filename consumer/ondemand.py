@@ -35,6 +35,7 @@ import contextlib
 import os
 import time
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any, Protocol
 
 import structlog
@@ -91,6 +92,17 @@ def resident_bytes() -> int:
         return 0
 
 
+class Loaded(Enum):
+    """What a load on demand came to (``DemandHost.load_on_demand``)."""
+
+    SERVING = "serving"
+    WITHDRAWN = "withdrawn"
+    """Not loaded: the committed policy says an administrator unloaded the model. Not a
+    failure: its next load call makes it loadable again at once, not ``RETRY_FAILED_S`` later."""
+    FAILED = "failed"
+    """Its load failed (logged and advertised): tried again after ``RETRY_FAILED_S``."""
+
+
 class DemandHost(Protocol):
     """What the on-demand loop needs of its worker (``consumer.worker.Worker``)."""
 
@@ -100,9 +112,8 @@ class DemandHost(Protocol):
     def held(self) -> dict[str, tuple[float, bool]]:
         """Models held: name -> (when a request for it was last read, whether it is idle)."""
 
-    async def load_on_demand(self, name: str) -> bool:
-        """Load the model (its committed policy, else its config) and serve it; False when it
-        was not loaded (the failure is logged and reported)."""
+    async def load_on_demand(self, name: str) -> Loaded:
+        """Load the model (its committed policy, else its config) and serve it."""
 
     async def unload_model(self, name: str, reason: str) -> None:
         """Stop serving the model: stop reading its streams, finish what is held, unload;
@@ -196,8 +207,9 @@ class OnDemand:
             await self._release(name)
             raise
         seconds = time.perf_counter() - started
-        if not loaded:
-            self._failed_at[name] = time.monotonic()
+        if loaded is not Loaded.SERVING:
+            if loaded is Loaded.FAILED:
+                self._failed_at[name] = time.monotonic()
             await self._release(name)
             return False
         self._failed_at.pop(name, None)

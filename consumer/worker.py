@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 from dataclasses import replace
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 import structlog
@@ -26,7 +27,7 @@ from consumer.leases import JobLeases, lease_ms
 from consumer.ledger import Ledger
 from consumer.metrics import WorkerMetrics
 from consumer.model import ServedModel
-from consumer.ondemand import OnDemand, resident_bytes
+from consumer.ondemand import Loaded, OnDemand, resident_bytes
 from consumer.outgoing import Outcomes
 from consumer.reader import Reader, ReadGroup
 from consumer.reclaimer import Reclaimer
@@ -44,7 +45,7 @@ from consumer.stats import WorkerStats
 from consumer.writer import ResultWriter
 from protocol.control import VersionPolicy
 from protocol.jobs import CLAIM_SCRIPT, RENEW_SCRIPT, TRANSITION_SCRIPT
-from protocol.keys import Keys, hash_tag, is_valid_name
+from protocol.keys import GROUP, Keys, hash_tag, is_valid_name
 from protocol.registry import RepositoryModel, WorkerInfo
 from runtime import tracing
 from runtime.broker import Broker, Script, connect
@@ -511,11 +512,12 @@ class Worker:
 
     def loadable(self) -> dict[str, int]:
         """Models of the repository (or of ``--models``) this worker may load and does not
-        hold: name -> partitions."""
+        hold, but for those an administrator unloaded: name -> partitions."""
+        withdrawn = self.control.withdrawn if self.control is not None else set()
         return {
             m.name: m.metadata.partitions
             for m in self._listing
-            if m.metadata is not None and m.name not in self.slots
+            if m.metadata is not None and m.name not in self.slots and m.name not in withdrawn
         }
 
     def held(self) -> dict[str, tuple[float, bool]]:
@@ -525,14 +527,14 @@ class Worker:
             if name not in self._unloading
         }
 
-    async def load_on_demand(self, name: str) -> bool:
-        """Load and serve the model as its committed policy says (else its config); False when
-        it cannot be (an administrator unloaded it, or its load failed: logged, and said in the
-        advertisement like a model skipped at start)."""
+    async def load_on_demand(self, name: str) -> Loaded:
+        """Load and serve the model as its committed policy says (else its config); not when
+        an administrator unloaded it (``WITHDRAWN``) or its load failed (``FAILED``: logged,
+        and said in the advertisement like a model skipped at start)."""
         assert self.control is not None
         policy = await self.control.committed_policy(name)
         if policy is not None and not policy.loaded:
-            return False
+            return Loaded.WITHDRAWN
         try:
             config = await asyncio.to_thread(load_config, self.settings.model_repository, name)
             model = await self._start_model(config, policy)
@@ -540,10 +542,10 @@ class Worker:
             known = isinstance(e, RepositoryError | BackendError)
             self.skipped[name] = str(e) if known else f"{type(e).__name__}: {e}"
             log.error("model load on demand failed", model=name, error=self.skipped[name])
-            return False
+            return Loaded.FAILED
         await self.add_model(model)
         await self.control.serving(model, 0 if policy is None else policy.generation)
-        return True
+        return Loaded.SERVING
 
     async def unload_model(self, name: str, reason: str) -> None:
         """Stop serving a model: the reader asks for none of its entries from now on, what
@@ -575,10 +577,33 @@ class Worker:
                     await asyncio.sleep(0.01)
         await self.loops.cancel([f"dispatch-{name}"])
         self.slots.remove(name)
+        await self._hand_back(name, self.ledger.unfinished(mine))
         await asyncio.to_thread(slot.close)
         self.metrics.observe_unload(name, reason)
         await self.republish()
         log.info("model unloaded", model=name, reason=reason)
+
+    async def _hand_back(self, name: str, left: dict[str, list[bytes]]) -> None:
+        """Entries of a model just unloaded that did not finish within the drain timeout (its
+        dispatcher is gone): held, the reclaimer would renew them forever and a later load
+        of the model here would skip them as already held. So they are no longer held, and
+        marked idle for ``claim_idle_ms`` (``XCLAIM ... IDLE``, no delivery counted): the next
+        reclaimer pass of a worker that holds the model takes them, and a load here reads its
+        own pending list first."""
+        assert self._redis is not None
+        idle_ms = self.settings.claim_idle_ms
+        for stream, ids in left.items():
+            for entry_id in ids:
+                self.ledger.abandon((stream, entry_id))
+            try:
+                await self._redis.xclaim(
+                    stream, GROUP, self.id, 0, cast(list[Any], ids), idle=idle_ms, justid=True
+                )
+            except RETRYABLE as e:  # they go idle on their own, claim_idle_ms later
+                log.warning("could not hand entries back", model=name, error=str(e))
+        if left:
+            count = sum(len(ids) for ids in left.values())
+            log.warning("unfinished entries handed back at unload", model=name, count=count)
 
     async def republish(self) -> None:
         """Advertise what the models serve now (after a version change)."""
