@@ -76,10 +76,11 @@ class Script:
     async def batch(
         self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], then: Sequence[Command] = ()
     ) -> list[Any]:
-        """Run the script once per ``(keys, args)`` of ``calls``, then the commands ``then``, in
-        one round trip (``Broker.batch``); the scripts' replies in order, an error reply as its
-        exception (not raised). ``EVALSHA``, and ``EVAL`` for the calls Redis answered
-        ``NOSCRIPT`` (those ran nothing). Raises as ``Broker.batch`` raises."""
+        """Run the script once per ``(keys, args)`` of ``calls``, followed by the commands
+        ``then``, in one round trip (``Broker.batch``); the scripts' replies in order, an error
+        reply as its exception (not raised). ``EVALSHA``, and ``EVAL`` in a second round trip for
+        the calls Redis answered ``NOSCRIPT`` (it restarted or failed over: those ran nothing,
+        and run after ``then``, which must not depend on them). Raises as ``Broker.batch``."""
         sent = [("EVALSHA", self.sha, len(keys), *keys, *args) for keys, args in calls]
         replies = await self._broker.batch([*sent, *then])
         replies = replies[: len(sent)]
