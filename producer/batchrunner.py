@@ -1,7 +1,8 @@
 """Driving batches to their end: every gateway runs one ``BatchRunner``; for each batch not yet
 final, the gateway holding its lease (``LEASE_SCRIPT``) queues its lines as low-lane jobs
-(``JobService.submit``: the one path of a job), collects the jobs' ends into the batch's answers,
-and moves the batch on when every line is answered.
+(``JobService.submit_many``: the one path of a job, ``SUBMIT_AT_ONCE`` lines in one round
+trip), collects the jobs' ends into the batch's answers, and moves the batch on when every line
+is answered.
 
 Durable by construction: where ingesting stands is the record's ``ingested`` cursor, and each
 line's job carries the Idempotency-Key ``batch-<id>-<line>``, so a gateway that dies between
@@ -61,7 +62,7 @@ WINDOW = 4096
 INGEST_CHUNK = 512
 """Lines queued per round, so one round of one batch stays short."""
 SUBMIT_AT_ONCE = 64
-"""Submissions of one batch in flight at once: their Redis round trips overlap."""
+"""Lines submitted together (``JobService.submit_many``: one round trip on one Redis)."""
 PROGRESS_S = 0.5
 """Progress is announced (event streams) at most this often per batch."""
 
@@ -194,8 +195,8 @@ class BatchRunner:
         return driven
 
     async def _ingest(self, record: BatchRecord, driven: Driven) -> int:
-        """Queue the next lines, as many as the window and the job backlog allow, ``SUBMIT_AT_ONCE``
-        submissions in flight at a time (their round trips overlap); how many were taken."""
+        """Queue the next lines, as many as the window and the job backlog allow,
+        ``SUBMIT_AT_ONCE`` at a time (``JobService.submit_many``); how many were taken."""
         room = min(WINDOW - len(driven.in_flight), INGEST_CHUNK, record.valid - record.ingested)
         if room <= 0:
             return 0

@@ -123,6 +123,10 @@ class _Job:
         return [self.record_key, *([self.idem] if self.idem is not None else [])]
 
 
+def _queued_anew(outcome: Submitted | GatewayError) -> bool:
+    return isinstance(outcome, Submitted) and not outcome.replayed
+
+
 def request_digest(asked_version: str | None, body: InferRequestBody) -> str:
     """What makes two job submissions the same request: the inputs (whether sent as JSON or as
     binary data), the requested outputs and their form, the version asked for (not the one a
@@ -227,7 +231,7 @@ class JobService:
     async def submit_many(self, asks: Sequence[JobAsk]) -> list[Submitted | GatewayError]:
         """``submit`` for many jobs at once (a batch's lines): each ask's outcome in order, a
         refusal as its error. Where one Redis holds all of a job's keys and
-        ``--job-durability`` is ``accepted``, the submissions share one round trip (one
+        ``--job-durability`` is ``async``, the submissions share one round trip (one
         ``SUBMIT_SCRIPT`` each: every job is still one atomic step); elsewhere (a Redis Cluster,
         replicated durability) each takes ``submit``'s steps, all at once. An Idempotency-Key
         that names an earlier job is replayed as ``submit`` replays it. An ask refused with
@@ -252,9 +256,11 @@ class JobService:
         if len(jobs) > 1 and self.settings.job_durability != "replicated":
             together = [job for _, job in jobs if self._one_step(job)]
         try:
+            # Of those queued together: each job id whose Idempotency-Key named an earlier job
+            # (the key's value), or whose script failed (None: it takes submit's own steps).
             earlier = await self._enqueue_together(together) if together else {}
-            alone = {id(job) for job in together if job.record.id not in earlier}
-            rest = [(i, job) for i, job in jobs if id(job) not in alone]
+            sent = {job.record.id for job in together if job.record.id not in earlier}
+            rest = [(i, job) for i, job in jobs if job.record.id not in sent]
             claims = await asyncio.gather(
                 *(self._claim(job, earlier.get(job.record.id)) for _, job in rest),
                 return_exceptions=True,
@@ -270,7 +276,7 @@ class JobService:
                 raise claim
             elif claim is not None:
                 outcomes[i] = Submitted(claim, replayed=True)
-        queued = [job for i, job in jobs if not getattr(outcomes[i], "replayed", True)]
+        queued = [job for i, job in jobs if _queued_anew(outcomes[i])]
         for job in queued:
             await self._queued(job)
         if queued:
@@ -361,20 +367,20 @@ class JobService:
             [self.terms.result_ttl_ms, FIELD, job.request.encode(), job.value, replacing, *fields],
         )
 
-    async def _enqueue_together(self, jobs: Sequence[_Job]) -> dict[str, bytes]:
-        """Queue ``jobs`` (each ``_one_step``) in one round trip, indexed with them; the job
-        ids whose Idempotency-Key named an earlier job (nothing written for those), with the
-        key's value. An error reply of one script (Redis out of memory) raises it: nothing
-        of that job was written."""
+    async def _enqueue_together(self, jobs: Sequence[_Job]) -> dict[str, bytes | None]:
+        """Queue ``jobs`` (each ``_one_step``) in one round trip, indexed with them. Nothing
+        is written for the jobs it returns: by job id, the value of an Idempotency-Key that
+        names an earlier job, or None where the script answered an error (Redis out of
+        memory): ``_claim`` takes those on, as ``submit`` would."""
         replies = await self._submit.batch(
             [self._submit_call(job, b"") for job in jobs],
             then=jobindex.commands(self.keys, {j.record.id: j.record.created_ms for j in jobs}),
         )
-        earlier: dict[str, bytes] = {}
+        earlier: dict[str, bytes | None] = {}
         for job, reply in zip(jobs, replies, strict=True):
             if isinstance(reply, BaseException):
-                raise reply
-            if reply[0] != 0:
+                earlier[job.record.id] = None
+            elif reply[0] != 0:
                 earlier[job.record.id] = cast(bytes, reply[1])
         return earlier
 
