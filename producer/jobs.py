@@ -123,6 +123,22 @@ class _Job:
         return [self.record_key, *([self.idem] if self.idem is not None else [])]
 
 
+def _took(
+    jobs: Sequence[_Job], replies: Sequence[Any], earlier: dict[str, bytes | None]
+) -> list[_Job]:
+    """The jobs a script wrote (its reply ``{0}``); into ``earlier``, the others: the value of
+    the Idempotency-Key that names an earlier job (``{1, value}``), or None (an error reply)."""
+    wrote = []
+    for job, reply in zip(jobs, replies, strict=True):
+        if isinstance(reply, BaseException):
+            earlier[job.record.id] = None
+        elif reply[0] != 0:
+            earlier[job.record.id] = cast(bytes, reply[1])
+        else:
+            wrote.append(job)
+    return wrote
+
+
 def _queued_anew(outcome: Submitted | GatewayError) -> bool:
     return isinstance(outcome, Submitted) and not outcome.replayed
 
@@ -230,10 +246,10 @@ class JobService:
 
     async def submit_many(self, asks: Sequence[JobAsk]) -> list[Submitted | GatewayError]:
         """``submit`` for many jobs at once (a batch's lines): each ask's outcome in order, a
-        refusal as its error. Where one Redis holds all of a job's keys and
-        ``--job-durability`` is ``async``, the submissions share one round trip (one
-        ``SUBMIT_SCRIPT`` each: every job is still one atomic step); elsewhere (a Redis Cluster,
-        replicated durability) each takes ``submit``'s steps, all at once. An Idempotency-Key
+        refusal as its error. Under ``--job-durability async`` the submissions share their round
+        trips (``_enqueue_together``): one on one Redis (a ``SUBMIT_SCRIPT`` each: every job
+        still one atomic step), two on a Redis Cluster (``_enqueue``'s steps); under
+        ``replicated`` each takes ``submit``'s steps, all at once. An Idempotency-Key
         that names an earlier job is replayed as ``submit`` replays it. An ask refused with
         "retry later" (429 at ``--max-job-backlog``, 503) ends the list: the asks after it are
         not tried, so a backlog at its cap is filled in order. Raises what Redis raises when
@@ -254,7 +270,7 @@ class JobService:
             outcomes.append(Submitted(job.record, replayed=False))
         together: list[_Job] = []
         if len(jobs) > 1 and self.settings.job_durability != "replicated":
-            together = [job for _, job in jobs if self._one_step(job)]
+            together = [job for _, job in jobs]
         try:
             # Of those queued together: each job id whose Idempotency-Key named an earlier job
             # (the key's value), or whose script failed (None: it takes submit's own steps).
@@ -368,21 +384,45 @@ class JobService:
         )
 
     async def _enqueue_together(self, jobs: Sequence[_Job]) -> dict[str, bytes | None]:
-        """Queue ``jobs`` (each ``_one_step``) in one round trip, indexed with them. Nothing
-        is written for the jobs it returns: by job id, the value of an Idempotency-Key that
-        names an earlier job, or None where the script answered an error (Redis out of
-        memory): ``_claim`` takes those on, as ``submit`` would."""
-        replies = await self._submit.batch(
-            [self._submit_call(job, b"") for job in jobs],
-            then=jobindex.commands(self.keys, {j.record.id: j.record.created_ms for j in jobs}),
-        )
+        """Queue ``jobs`` in one round trip, indexed with them, where each is ``_one_step``;
+        else (a Redis Cluster) as ``_enqueue`` does, each step one round trip for all: the
+        records and keys (``RESERVE_SCRIPT``), then the requests, and a job whose request
+        could not be queued is taken back (``UNDO_SCRIPT``). Nothing stays written for the
+        jobs it returns: by job id, the value of an Idempotency-Key that names an earlier job,
+        or None where a step answered an error (Redis out of memory): ``_claim`` takes those
+        on, as ``submit`` would."""
+        index = jobindex.commands(self.keys, {j.record.id: j.record.created_ms for j in jobs})
         earlier: dict[str, bytes | None] = {}
-        for job, reply in zip(jobs, replies, strict=True):
-            if isinstance(reply, BaseException):
-                earlier[job.record.id] = None
-            elif reply[0] != 0:
-                earlier[job.record.id] = cast(bytes, reply[1])
+        if all(self._one_step(job) for job in jobs):
+            calls = [self._submit_call(job, b"") for job in jobs]
+            _took(jobs, await self._submit.batch(calls, then=index), earlier)
+            return earlier
+        calls = [(job.keys, self._reserve_args(job, b"")) for job in jobs]
+        reserved = _took(jobs, await self._reserve.batch(calls, then=index), earlier)
+        if not reserved:
+            return earlier
+        try:
+            queued = await self._broker.batch(
+                [("XADD", job.stream, "*", FIELD, job.request.encode()) for job in reserved]
+            )
+        except RETRYABLE as e:
+            if not outcome_unknown(e):  # none was queued: take them back
+                with contextlib.suppress(*RETRYABLE):
+                    await self._undo_all(reserved)
+            raise
+        failed = [j for j, r in zip(reserved, queued, strict=True) if isinstance(r, BaseException)]
+        await self._undo_all(failed)
+        earlier.update((job.record.id, None) for job in failed)
         return earlier
+
+    async def _undo_all(self, jobs: Sequence[_Job]) -> None:
+        for job in jobs:
+            await self._undo(keys=job.keys, args=[job.value])
+
+    def _reserve_args(self, job: _Job, replacing: bytes) -> list[Any]:
+        """``RESERVE_SCRIPT``'s arguments for one job (its keys: ``job.keys``)."""
+        fields = [item for pair in job.record.to_fields().items() for item in pair]
+        return [self.terms.result_ttl_ms, job.value, replacing, *fields]
 
     async def _webhook(
         self, parameters: Mapping[str, object], headers: Mapping[str, str]
@@ -433,16 +473,8 @@ class JobService:
         out. The one atomic step is then looked for: found, the job is queued; not found (or
         on a cluster, where the record is kept and expires at its deadline if the request
         never got queued), ``_claim`` answers that the job may have been queued."""
-        record, request, stream, keys, value = (
-            job.record,
-            job.request,
-            job.stream,
-            job.keys,
-            job.value,
-        )
-        key = keys[0]
-        ttl_ms = self.terms.result_ttl_ms
-        fields = [item for pair in record.to_fields().items() for item in pair]
+        record, request, stream = job.record, job.request, job.stream
+        keys, value, key = job.keys, job.value, job.record_key
         replicated = self.settings.job_durability == "replicated"
         if self._one_step(job):
             pipe = self._redis.pipeline(transaction=False)
@@ -462,7 +494,7 @@ class JobService:
                 await self._confirmed(record, [replies[-1]])
             return None
         pipe = self._redis.pipeline(transaction=False)
-        self._reserve.queue(pipe, keys, [ttl_ms, value, replacing, *fields])
+        self._reserve.queue(pipe, keys, self._reserve_args(job, replacing))
         jobindex.queue_add(pipe, self.keys, record.id, record.created_ms)
         if replicated:
             await self._wait_on(pipe, key)
