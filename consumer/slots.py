@@ -23,6 +23,11 @@ from protocol.keys import LANES_BY_PRIORITY, Keys, Lane
 from protocol.messages import InferRequest
 
 BACKGROUND_BATCH_DIVISOR = 8
+"""While synchronous traffic is about, a background (job) batch is at most this fraction of
+``max_batch``."""
+FOREGROUND_QUIET_S = 1.0
+"""With no synchronous request queued for this long, background batches are full size: nothing
+is there to wait behind them, and a batch's lines then run ``max_batch`` rows a call."""
 
 
 @dataclass(slots=True)
@@ -63,8 +68,9 @@ class ModelSlot:
         """Every partition's lanes, each partition highest lane first."""
         lanes = len(LANES_BY_PRIORITY)
         self.lane_of = {s: i % lanes for i, s in enumerate(self.streams)}
+        self._background = LANES_BY_PRIORITY.index(Lane.LOW)
         self._queue: BatchQueue[Delivery] = BatchQueue(
-            lanes=len(LANES_BY_PRIORITY), background_from=LANES_BY_PRIORITY.index(Lane.LOW)
+            lanes=len(LANES_BY_PRIORITY), background_from=self._background
         )
         self.policy = BatchPolicy(model.max_batch, model.flush_s)
         self._read_ids = dict.fromkeys(self.streams, "0")
@@ -86,6 +92,8 @@ class ModelSlot:
         self.used_at = time.monotonic()
         """When a request for it was last queued (monotonic; its load until then): what
         unloading the least recently used model goes by."""
+        self._foreground_at = -FOREGROUND_QUIET_S
+        """When (monotonic) a delivery of a synchronous lane was last queued."""
         self._closing = False
 
     # -- what the reader asks and records ------------------------------------------------------
@@ -122,6 +130,8 @@ class ModelSlot:
         """Queue a delivery for a batch (read, claimed, or a job put back)."""
         self._idle.clear()
         self.used_at = time.monotonic()
+        if queued.lane < self._background:
+            self._foreground_at = self.used_at
         self._queue.push(queued)
 
     def read_blocking(self, group: str) -> None:
@@ -196,10 +206,15 @@ class ModelSlot:
         return self._queue.take(self.batch_limit())
 
     def batch_limit(self) -> int:
-        """Rows for the next batch. Background (job) batches are kept small: the event loop
-        encodes and writes a batch's results before it can start the next one, so a synchronous
-        request arriving meanwhile waits for at most one small job batch."""
-        if self._queue.head_lane() == LANES_BY_PRIORITY.index(Lane.LOW):
+        """Rows for the next batch. Background (job) batches are kept small while synchronous
+        requests have come within ``FOREGROUND_QUIET_S``: the event loop encodes and writes a
+        batch's results before it can start the next one, so a synchronous request arriving
+        meanwhile waits for at most one small job batch. With none about, they are full size
+        (a batch's lines ran 8 rows a call otherwise: ``bench/batches.py``); the first
+        synchronous request after the quiet waits for at most one full job batch."""
+        if self._queue.head_lane() == self._background and (
+            time.monotonic() - self._foreground_at < FOREGROUND_QUIET_S
+        ):
             return max(1, self.model.max_batch // BACKGROUND_BATCH_DIVISOR)
         return self.model.max_batch
 

@@ -1,7 +1,8 @@
 """Driving batches to their end: every gateway runs one ``BatchRunner``; for each batch not yet
 final, the gateway holding its lease (``LEASE_SCRIPT``) queues its lines as low-lane jobs
-(``JobService.submit``: the one path of a job), collects the jobs' ends into the batch's answers,
-and moves the batch on when every line is answered.
+(``JobService.submit_many``: the one path of a job, ``SUBMIT_AT_ONCE`` lines in one round
+trip), collects the jobs' ends into the batch's answers, and moves the batch on when every line
+is answered.
 
 Durable by construction: where ingesting stands is the record's ``ingested`` cursor, and each
 line's job carries the Idempotency-Key ``batch-<id>-<line>``, so a gateway that dies between
@@ -33,7 +34,7 @@ from producer.errors import (
     ServiceUnavailable,
     TooManyRequests,
 )
-from producer.jobs import JobService, document
+from producer.jobs import JobAsk, JobService, document
 from producer.metrics import GatewayMetrics
 from producer.v2_request import parse_infer_request
 from protocol import ProtocolError
@@ -61,7 +62,7 @@ WINDOW = 4096
 INGEST_CHUNK = 512
 """Lines queued per round, so one round of one batch stays short."""
 SUBMIT_AT_ONCE = 64
-"""Submissions of one batch in flight at once: their Redis round trips overlap."""
+"""Lines submitted together (``JobService.submit_many``: one round trip on one Redis)."""
 PROGRESS_S = 0.5
 """Progress is announced (event streams) at most this often per batch."""
 
@@ -194,8 +195,8 @@ class BatchRunner:
         return driven
 
     async def _ingest(self, record: BatchRecord, driven: Driven) -> int:
-        """Queue the next lines, as many as the window and the job backlog allow, ``SUBMIT_AT_ONCE``
-        submissions in flight at a time (their round trips overlap); how many were taken."""
+        """Queue the next lines, as many as the window and the job backlog allow,
+        ``SUBMIT_AT_ONCE`` at a time (``JobService.submit_many``); how many were taken."""
         room = min(WINDOW - len(driven.in_flight), INGEST_CHUNK, record.valid - record.ingested)
         if room <= 0:
             return 0
@@ -207,28 +208,33 @@ class BatchRunner:
         done = 0
         for start in range(0, len(raw), SUBMIT_AT_ONCE):
             group = raw[start : start + SUBMIT_AT_ONCE]
-            outcomes = await asyncio.gather(
-                *(self._submit(record, item) for item in group), return_exceptions=True
-            )
-            for item, outcome in zip(group, outcomes, strict=True):
-                if isinstance(outcome, TooManyRequests | ServiceUnavailable):
+            lines = [_decoded(item) for item in group]
+            readable = [line for line in lines if line is not None]
+            if len(readable) < len(lines):
+                log.error("unreadable batch line", batch_id=record.id)
+            outcomes = iter(await self.jobs.submit_many([_ask(record, ln) for ln in readable]))
+            paced = False
+            for line in lines:
+                if line is None:  # nothing to queue: counted as taken, never answered by a job
+                    done += 1
+                    continue
+                outcome = next(outcomes, None)
+                if outcome is None or isinstance(outcome, TooManyRequests | ServiceUnavailable):
                     # The backlog is full, or Redis or the model is not there: next round.
-                    self._metrics.batch_paced.inc()
+                    paced = True
                     break
-                if isinstance(outcome, BaseException) and not isinstance(outcome, GatewayError):
-                    raise outcome
-                line = _decoded(item)
-                if isinstance(outcome, GatewayError) and line is not None:
+                if isinstance(outcome, GatewayError):
                     # The model changed since the batch was checked.
                     answer = error_line(line.line, line.custom_id, "invalid_request", str(outcome))
                     failed[line.line] = answer
-                elif isinstance(outcome, str) and line is not None:
-                    driven.in_flight[line.line] = (outcome, line.custom_id)
-                    queued[line.line] = json.dumps([outcome, line.custom_id])
+                else:
+                    job_id = outcome.record.id
+                    driven.in_flight[line.line] = (job_id, line.custom_id)
+                    queued[line.line] = json.dumps([job_id, line.custom_id])
                 done += 1
-            else:
-                continue
-            break  # paced: the lines after the refused one wait (a later round replays them)
+            if paced:
+                self._metrics.batch_paced.inc()
+                break  # the lines after the refused one wait (a later round replays them)
         if not done:
             return 0
         pipe = self._redis.pipeline(transaction=False)
@@ -239,22 +245,6 @@ class BatchRunner:
         pipe.hset(self.keys.batch(record.id), "ingested", record.ingested + done)
         await pipe.execute()
         return done
-
-    async def _submit(self, record: BatchRecord, item: bytes) -> str | None:
-        """One line as a job (its Idempotency-Key makes a repeat find the same job): the job
-        id; None for a stored line that cannot be read."""
-        line = _decoded(item)
-        if line is None:
-            log.error("unreadable batch line", batch_id=record.id)
-            return None
-        submitted = await self.jobs.submit(
-            line.model,
-            line.version or None,
-            functools.partial(parse_infer_request, line.body, None),
-            idempotency_key=f"batch-{record.id}-{line.line}",
-            traceparent=None,
-        )
-        return submitted.record.id
 
     async def _collect(self, record: BatchRecord, driven: Driven) -> None:
         """Answer every line whose job has ended."""
@@ -346,6 +336,17 @@ class BatchRunner:
         self._driven.pop(record.id, None)
         final = await self.batches.load(record.id)
         log.info("batch ended", batch_id=record.id, status=final.status.value if final else None)
+
+
+def _ask(record: BatchRecord, line: BatchLine) -> JobAsk:
+    """A line as a job; its Idempotency-Key makes a repeat (a later round, another gateway)
+    find the same job."""
+    return JobAsk(
+        line.model,
+        line.version or None,
+        functools.partial(parse_infer_request, line.body, None),
+        idempotency_key=f"batch-{record.id}-{line.line}",
+    )
 
 
 def _decoded(item: bytes) -> BatchLine | None:

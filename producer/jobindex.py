@@ -18,6 +18,7 @@ rare status costs a bounded read, never a walk of the whole index.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -25,6 +26,7 @@ import redis.asyncio as aioredis
 
 from protocol.jobs import JobStatus
 from protocol.keys import JOB_INDEX_MAXLEN, Keys
+from runtime.resp import Command
 
 MAX_SCAN = 2_000
 """Index entries one page reads at most, filters or not."""
@@ -35,8 +37,18 @@ FIELDS = ("model", "version", "status", "created_ms", "finished_ms", "error")
 
 def queue_add(pipe: Any, keys: Keys, job_id: str, created_ms: int) -> None:
     """Index a job on the pipeline that submits it (two commands, no round trip of their own)."""
-    pipe.zadd(keys.job_index, {job_id: created_ms})
-    pipe.zremrangebyrank(keys.job_index, 0, -(JOB_INDEX_MAXLEN + 1))
+    for command in commands(keys, {job_id: created_ms}):
+        pipe.execute_command(*command)
+
+
+def commands(keys: Keys, jobs: Mapping[str, int]) -> list[Command]:
+    """The two commands that index ``jobs`` (job id -> creation time, ms), to send with the
+    commands that submit them."""
+    scored = [item for job_id, created_ms in jobs.items() for item in (created_ms, job_id)]
+    return [
+        ("ZADD", keys.job_index, *scored),
+        ("ZREMRANGEBYRANK", keys.job_index, 0, -(JOB_INDEX_MAXLEN + 1)),
+    ]
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,13 +11,14 @@ webhooks.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -32,6 +33,7 @@ from producer.errors import (
     Gone,
     NotFound,
     ServiceUnavailable,
+    TooManyRequests,
     UnprocessableContent,
     job_unconfirmed,
     redis_unavailable,
@@ -70,6 +72,7 @@ from protocol.messages import (
     Kind,
 )
 from runtime.faults import RETRYABLE, outcome_unknown
+from runtime.tracing import Stage
 
 log = structlog.get_logger("inferq.gateway")
 
@@ -83,6 +86,61 @@ class Submitted:
     record: JobRecord
     replayed: bool
     """True when an Idempotency-Key matched an earlier submission: no new job was made."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobAsk:
+    """One job for ``JobService.submit_many``: what ``submit`` takes, less the trace."""
+
+    name: str
+    version: str | None
+    decode: Decode
+    idempotency_key: str | None
+    headers: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Job:
+    """A job checked and routed (``JobService._job``), on its way to Redis."""
+
+    record: JobRecord
+    request: InferRequest
+    lane: Lane
+    record_key: str
+    stream: str
+    key: str | None
+    """The Idempotency-Key, if any..."""
+    idem: str | None
+    """... the Redis key that holds it..."""
+    value: str
+    """... and what it is to hold: the job id and the request's ``request_digest``."""
+    webhook: Webhook | None
+    stage: Stage
+
+    @property
+    def keys(self) -> list[str]:
+        """The record's key, and the Idempotency-Key's (one slot on a cluster)."""
+        return [self.record_key, *([self.idem] if self.idem is not None else [])]
+
+
+def _took(
+    jobs: Sequence[_Job], replies: Sequence[Any], earlier: dict[str, bytes | None]
+) -> list[_Job]:
+    """The jobs a script wrote (its reply ``{0}``); into ``earlier``, the others: the value of
+    the Idempotency-Key that names an earlier job (``{1, value}``), or None (an error reply)."""
+    wrote = []
+    for job, reply in zip(jobs, replies, strict=True):
+        if isinstance(reply, BaseException):
+            earlier[job.record.id] = None
+        elif reply[0] != 0:
+            earlier[job.record.id] = cast(bytes, reply[1])
+        else:
+            wrote.append(job)
+    return wrote
+
+
+def _queued_anew(outcome: Submitted | GatewayError) -> bool:
+    return isinstance(outcome, Submitted) and not outcome.replayed
 
 
 def request_digest(asked_version: str | None, body: InferRequestBody) -> str:
@@ -165,28 +223,113 @@ class JobService:
         names; the record of either (its ``version`` is the one the job was routed to). A
         webhook is asked for in the request's parameters or in ``headers``
         (``producer.webhooks.asked``)."""
-        if idempotency_key is not None and not _IDEMPOTENCY_KEY.match(idempotency_key):
+        job = await self._job(JobAsk(name, version, decode, idempotency_key, headers), traceparent)
+        try:
+            existing = await self._claim(job)
+        except GatewayError as e:
+            e.routed = job.request.version
+            raise
+        finally:
+            job.stage.end()
+        if existing is not None:
+            return Submitted(existing, replayed=True)
+        await self._queued(job)
+        log.info(
+            "job queued",
+            job_id=job.record.id,
+            model=name,
+            version=job.request.version,
+            lane=job.lane.value,
+            traceparent=traceparent,
+        )
+        return Submitted(job.record, replayed=False)
+
+    async def submit_many(self, asks: Sequence[JobAsk]) -> list[Submitted | GatewayError]:
+        """``submit`` for many jobs at once (a batch's lines): each ask's outcome in order, a
+        refusal as its error. Under ``--job-durability async`` the submissions share their round
+        trips (``_enqueue_together``): one on one Redis (a ``SUBMIT_SCRIPT`` each: every job
+        still one atomic step), two on a Redis Cluster (``_enqueue``'s steps); under
+        ``replicated`` each takes ``submit``'s steps, all at once. An Idempotency-Key
+        that names an earlier job is replayed as ``submit`` replays it. An ask refused with
+        "retry later" (429 at ``--max-job-backlog``, 503) ends the list: the asks after it are
+        not tried, so a backlog at its cap is filled in order. Raises what Redis raises when
+        the shared round trip fails: its submissions' outcome is unknown, and asking again
+        with the same Idempotency-Keys finds the jobs that were queued."""
+        outcomes: list[Submitted | GatewayError] = []
+        jobs: list[tuple[int, _Job]] = []
+        for ask in asks:
+            try:
+                job = await self._job(ask, None)
+            except (TooManyRequests, ServiceUnavailable) as e:
+                outcomes.append(e)
+                break
+            except GatewayError as e:
+                outcomes.append(e)
+                continue
+            jobs.append((len(outcomes), job))
+            outcomes.append(Submitted(job.record, replayed=False))
+        together: list[_Job] = []
+        if len(jobs) > 1 and self.settings.job_durability != "replicated":
+            together = [job for _, job in jobs]
+        try:
+            # Of those queued together: each job id whose Idempotency-Key named an earlier job
+            # (the key's value), or whose script failed (None: it takes submit's own steps).
+            earlier = await self._enqueue_together(together) if together else {}
+            sent = {job.record.id for job in together if job.record.id not in earlier}
+            rest = [(i, job) for i, job in jobs if job.record.id not in sent]
+            claims = await asyncio.gather(
+                *(self._claim(job, earlier.get(job.record.id)) for _, job in rest),
+                return_exceptions=True,
+            )
+        finally:
+            for _, job in jobs:
+                job.stage.end()
+        for (i, job), claim in zip(rest, claims, strict=True):
+            if isinstance(claim, GatewayError):
+                claim.routed = job.request.version
+                outcomes[i] = claim
+            elif isinstance(claim, BaseException):
+                raise claim
+            elif claim is not None:
+                outcomes[i] = Submitted(claim, replayed=True)
+        queued = [job for i, job in jobs if _queued_anew(outcomes[i])]
+        for job in queued:
+            await self._queued(job)
+        if queued:
+            log.info("jobs queued", count=len(queued), model=queued[0].record.model)
+        return outcomes
+
+    async def _job(self, ask: JobAsk, traceparent: str | None) -> _Job:
+        """A job checked and routed, not yet queued (its ``stage`` open: whoever queues it ends
+        it)."""
+        key = ask.idempotency_key
+        if key is not None and not _IDEMPOTENCY_KEY.match(key):
             raise BadRequest("Idempotency-Key must be 1 to 255 visible ASCII characters")
         random = secrets.token_bytes(JOB_ID_RANDOM_BYTES)
-        if idempotency_key:
+        if key:
             # The record shares the key's slot on a cluster (protocol.keys, JOB_TAG).
-            tag = idempotency_tag_bytes(name, idempotency_key)
+            tag = idempotency_tag_bytes(ask.name, key)
             random = tag + random[len(tag) :]
         job_id = new_job_id(self.clock.now_ms(), random, self._id_key)
         prepared = await self.inference.prepare(
-            name, version, decode, self.terms, traceparent=traceparent, request_id=job_id
+            ask.name,
+            ask.version,
+            ask.decode,
+            self.terms,
+            traceparent=traceparent,
+            request_id=job_id,
         )
         assert isinstance(prepared, Prepared), "jobs are never answered from the cache"
-        request, body, lane = prepared.request, prepared.body, prepared.schedule.lane
+        request, body = prepared.request, prepared.body
         try:
-            webhook = await self._webhook(body.parameters, headers or {})
+            webhook = await self._webhook(body.parameters, ask.headers or {})
         except GatewayError as e:
             prepared.stage.end()
             e.routed = request.version
             raise
         record = JobRecord(
             id=job_id,
-            model=name,
+            model=ask.name,
             version=request.version,
             status=JobStatus.QUEUED,
             created_ms=request.enqueued_ms,
@@ -197,30 +340,89 @@ class JobService:
             webhook=webhook.url if webhook else "",
             webhook_events=tuple(sorted(webhook.events)) if webhook else (),
         )
-        fingerprint = request_digest(version or None, body) if idempotency_key else ""
-        try:
-            existing = await self._claim(record, request, lane, idempotency_key, fingerprint)
-        except GatewayError as e:
-            e.routed = request.version
-            raise
-        finally:
-            prepared.stage.end()
-        if existing is not None:
-            return Submitted(existing, replayed=True)
-        self.registry.note_queued(name)
-        if webhook is not None and JobStatus.QUEUED.value in webhook.events:
+        idem = self.keys.idempotency(ask.name, key) if key else None
+        fingerprint = request_digest(ask.version or None, body) if key else ""
+        value = idempotency_value(job_id, fingerprint) if idem else ""
+        stream = self.keys.stream(
+            ask.name,
+            prepared.schedule.lane,
+            self.inference.partition(ask.name, prepared.partitions),
+        )
+        return _Job(
+            record,
+            request,
+            prepared.schedule.lane,
+            self.keys.job(job_id),
+            stream,
+            key,
+            idem,
+            value,
+            webhook,
+            prepared.stage,
+        )
+
+    async def _queued(self, job: _Job) -> None:
+        """What follows a job's queueing: the backlog counts it, and a webhook that asked for
+        ``queued`` hears it."""
+        self.registry.note_queued(job.record.model)
+        if job.webhook is not None and JobStatus.QUEUED.value in job.webhook.events:
             # Best effort: unannounced, "queued" is told with the job's next change.
             with contextlib.suppress(*RETRYABLE):
-                await self._announce(job_id, JobStatus.QUEUED)
-        log.info(
-            "job queued",
-            job_id=job_id,
-            model=name,
-            version=request.version,
-            lane=lane.value,
-            traceparent=traceparent,
+                await self._announce(job.record.id, JobStatus.QUEUED)
+
+    def _one_step(self, job: _Job) -> bool:
+        """Whether one script may name the job's record, key and stream (one Redis)."""
+        return len(self._broker.colocated([*job.keys, job.stream])) == 1
+
+    def _submit_call(self, job: _Job, replacing: bytes) -> tuple[list[Any], list[Any]]:
+        """``SUBMIT_SCRIPT``'s keys and arguments for one job: the one way a job is queued in
+        one step, alone (``_enqueue``) or with others (``_enqueue_together``)."""
+        fields = [item for pair in job.record.to_fields().items() for item in pair]
+        return (
+            [job.keys[0], job.stream, *job.keys[1:]],
+            [self.terms.result_ttl_ms, FIELD, job.request.encode(), job.value, replacing, *fields],
         )
-        return Submitted(record, replayed=False)
+
+    async def _enqueue_together(self, jobs: Sequence[_Job]) -> dict[str, bytes | None]:
+        """Queue ``jobs`` in one round trip, indexed with them, where each is ``_one_step``;
+        else (a Redis Cluster) as ``_enqueue`` does, each step one round trip for all: the
+        records and keys (``RESERVE_SCRIPT``), then the requests, and a job whose request
+        could not be queued is taken back (``UNDO_SCRIPT``). Nothing stays written for the
+        jobs it returns: by job id, the value of an Idempotency-Key that names an earlier job,
+        or None where a step answered an error (Redis out of memory): ``_claim`` takes those
+        on, as ``submit`` would."""
+        index = jobindex.commands(self.keys, {j.record.id: j.record.created_ms for j in jobs})
+        earlier: dict[str, bytes | None] = {}
+        if all(self._one_step(job) for job in jobs):
+            calls = [self._submit_call(job, b"") for job in jobs]
+            _took(jobs, await self._submit.batch(calls, then=index), earlier)
+            return earlier
+        calls = [(job.keys, self._reserve_args(job, b"")) for job in jobs]
+        reserved = _took(jobs, await self._reserve.batch(calls, then=index), earlier)
+        if not reserved:
+            return earlier
+        try:
+            queued = await self._broker.batch(
+                [("XADD", job.stream, "*", FIELD, job.request.encode()) for job in reserved]
+            )
+        except RETRYABLE as e:
+            if not outcome_unknown(e):  # none was queued: take them back
+                with contextlib.suppress(*RETRYABLE):
+                    await self._undo_all(reserved)
+            raise
+        failed = [j for j, r in zip(reserved, queued, strict=True) if isinstance(r, BaseException)]
+        await self._undo_all(failed)
+        earlier.update((job.record.id, None) for job in failed)
+        return earlier
+
+    async def _undo_all(self, jobs: Sequence[_Job]) -> None:
+        for job in jobs:
+            await self._undo(keys=job.keys, args=[job.value])
+
+    def _reserve_args(self, job: _Job, replacing: bytes) -> list[Any]:
+        """``RESERVE_SCRIPT``'s arguments for one job (its keys: ``job.keys``)."""
+        fields = [item for pair in job.record.to_fields().items() for item in pair]
+        return [self.terms.result_ttl_ms, job.value, replacing, *fields]
 
     async def _webhook(
         self, parameters: Mapping[str, object], headers: Mapping[str, str]
@@ -230,46 +432,28 @@ class JobService:
             return None
         return await self.webhooks.check(ask, JOB_WEBHOOK_EVENTS, DEFAULT_WEBHOOK_EVENTS)
 
-    async def _claim(
-        self,
-        record: JobRecord,
-        request: InferRequest,
-        lane: Lane,
-        key: str | None,
-        fingerprint: str,
-    ) -> JobRecord | None:
-        """Queue the job and claim its Idempotency-Key, if any (``fingerprint``: the request's
-        ``request_digest``): None once queued, or the earlier job the key names."""
-        idem = self.keys.idempotency(record.model, key) if key else None
-        value = idempotency_value(record.id, fingerprint) if idem else ""
+    async def _claim(self, job: _Job, earlier: bytes | None = None) -> JobRecord | None:
+        """Queue the job and claim its Idempotency-Key, if any: None once queued, or the earlier
+        job the key names (``earlier``: the key's value, when a submission together with
+        others already found it taken)."""
         replacing = b""
         try:
             for _ in range(3):
-                earlier = await self._enqueue(
-                    record, request, lane, idem, value, replacing, self.terms.result_ttl_ms
-                )
                 if earlier is None:
-                    return None
-                existing = await self._replay(record.model, key or "", earlier, value)
+                    earlier = await self._enqueue(job, replacing)
+                    if earlier is None:
+                        return None
+                existing = await self._replay(job.record.model, job.key or "", earlier, job.value)
                 if existing is not None:
                     return existing
-                replacing = earlier  # its job is past retention: the key is free again
+                replacing, earlier = earlier, None  # its job is past retention: the key is free
         except RETRYABLE as e:
             if outcome_unknown(e):
-                raise job_unconfirmed(e, record.id) from e
+                raise job_unconfirmed(e, job.record.id) from e
             raise redis_unavailable(e, "queue the job") from e
         raise ServiceUnavailable("could not claim the Idempotency-Key; retry")
 
-    async def _enqueue(
-        self,
-        record: JobRecord,
-        request: InferRequest,
-        lane: Lane,
-        idem: str | None,
-        value: str,
-        replacing: bytes,
-        ttl_ms: int,
-    ) -> bytes | None:
+    async def _enqueue(self, job: _Job, replacing: bytes) -> bytes | None:
         """Write the record, enqueue the job and claim the key. None when queued; else the
         value of the key, which names an earlier job.
 
@@ -289,20 +473,12 @@ class JobService:
         out. The one atomic step is then looked for: found, the job is queued; not found (or
         on a cluster, where the record is kept and expires at its deadline if the request
         never got queued), ``_claim`` answers that the job may have been queued."""
-        key = self.keys.job(record.id)
-        stream = self.keys.stream(
-            record.model, lane, self.inference.partition(record.model, self._partitions(record))
-        )
-        fields = [item for pair in record.to_fields().items() for item in pair]
+        record, request, stream = job.record, job.request, job.stream
+        keys, value, key = job.keys, job.value, job.record_key
         replicated = self.settings.job_durability == "replicated"
-        keys = [key, *([idem] if idem is not None else [])]
-        if len(self._broker.colocated([*keys, stream])) == 1:
+        if self._one_step(job):
             pipe = self._redis.pipeline(transaction=False)
-            self._submit.queue(
-                pipe,
-                [key, stream, *keys[1:]],
-                [ttl_ms, FIELD, request.encode(), value, replacing, *fields],
-            )
+            self._submit.queue(pipe, *self._submit_call(job, replacing))
             jobindex.queue_add(pipe, self.keys, record.id, record.created_ms)
             if replicated:
                 await self._wait_on(pipe, key)
@@ -318,7 +494,7 @@ class JobService:
                 await self._confirmed(record, [replies[-1]])
             return None
         pipe = self._redis.pipeline(transaction=False)
-        self._reserve.queue(pipe, keys, [ttl_ms, value, replacing, *fields])
+        self._reserve.queue(pipe, keys, self._reserve_args(job, replacing))
         jobindex.queue_add(pipe, self.keys, record.id, record.created_ms)
         if replicated:
             await self._wait_on(pipe, key)
@@ -346,10 +522,6 @@ class JobService:
             return bool(await self._redis.exists(key))
         except RETRYABLE:
             return False
-
-    def _partitions(self, record: JobRecord) -> int:
-        entry = self.registry.models.get(record.model)
-        return entry.metadata.partitions if entry is not None else 1
 
     async def _wait_on(self, pipe: Any, key: str) -> None:
         """Queue ``WAIT 1`` on the node that owns ``key``: it covers the writes before it."""

@@ -73,6 +73,24 @@ class Script:
         """Queue the script on a pipeline of the broker's ``commands`` (either kind)."""
         pipe.execute_command("EVAL", self.text, len(keys), *keys, *args)
 
+    async def batch(
+        self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], then: Sequence[Command] = ()
+    ) -> list[Any]:
+        """Run the script once per ``(keys, args)`` of ``calls``, followed by the commands
+        ``then``, in one round trip (``Broker.batch``); the scripts' replies in order, an error
+        reply as its exception (not raised). ``EVALSHA``, and ``EVAL`` in a second round trip for
+        the calls Redis answered ``NOSCRIPT`` (it restarted or failed over: those ran nothing,
+        and run after ``then``, which must not depend on them). Raises as ``Broker.batch``."""
+        sent = [("EVALSHA", self.sha, len(keys), *keys, *args) for keys, args in calls]
+        replies = await self._broker.batch([*sent, *then])
+        replies = replies[: len(sent)]
+        missing = [i for i, r in enumerate(replies) if isinstance(r, NoScriptError)]
+        if missing:
+            again = [("EVAL", self.text, *sent[i][2:]) for i in missing]
+            for i, reply in zip(missing, await self._broker.batch(again), strict=True):
+                replies[i] = reply
+        return replies
+
     async def per_key(self, keys: Sequence[str], args: Sequence[Any]) -> list[Any]:
         """Run a script whose reply is one item per key over ``keys``: once per colocated group
         (a script may touch the keys of one slot only), pipelined, replies in ``keys``' order."""

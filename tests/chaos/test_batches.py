@@ -1,6 +1,7 @@
 """Batches under chaos: SIGKILL the gateway driving a batch and a worker running its lines; the
 batch completes on a gateway started afterwards, and counted per custom_id nothing is lost and
-nothing is answered twice."""
+nothing is answered twice. A line left 'running' by the SIGKILLed worker is run again once its
+job lease lapses (``consumer.leases``)."""
 
 from __future__ import annotations
 
@@ -30,22 +31,7 @@ def _counts(c: httpx.Client, batch_id: str) -> dict:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(
-    "kill_worker",
-    [
-        False,
-        pytest.param(
-            True,
-            marks=pytest.mark.xfail(
-                reason="a job running on a SIGKILLed worker stays 'running': the worker that "
-                "reclaims its entry skips it (consumer/dispatcher.py runs only 'queued' jobs); "
-                "the job lease of issue 21 (rel-ops) is the fix",
-                strict=False,
-            ),
-        ),
-    ],
-    ids=["gateway", "gateway-and-worker"],
-)
+@pytest.mark.parametrize("kill_worker", [False, True], ids=["gateway", "gateway-and-worker"])
 def test_sigkill_of_the_gateway_and_a_worker_mid_batch_loses_and_doubles_nothing(
     workers, redis_url, namespace, capsys, kill_worker
 ):

@@ -13,8 +13,8 @@ import pytest
 from consumer.batcher import Queued
 from consumer.model import ServedModel
 from consumer.repository import load_config
-from consumer.slots import Delivery, ModelSlot
-from protocol.keys import Keys
+from consumer.slots import FOREGROUND_QUIET_S, Delivery, ModelSlot
+from protocol.keys import LANES_BY_PRIORITY, Keys, Lane
 from tests.support import sim_request, write_simulated_model
 
 KEYS = Keys("t")
@@ -145,3 +145,25 @@ def test_a_delivery_waited_in_the_queue_then_for_its_batch():
     assert d.waited(10.002) == pytest.approx((4.0, 2.0))
     early = Delivery("s", b"1-1", sim_request(KEYS, "r1", 1_000), read_ms=990, read_at=10.0)
     assert early.waited(9.0) == (0.0, 0.0)  # clocks a little apart never make it negative
+
+
+def test_job_batches_are_small_while_synchronous_requests_come_and_full_once_they_stop(
+    slot, monkeypatch
+):
+    now = [100.0]
+    monkeypatch.setattr("consumer.slots.time.monotonic", lambda: now[0])
+    low = LANES_BY_PRIORITY.index(Lane.LOW)
+
+    def job(request_id: str) -> Queued[Delivery]:
+        q = queued(slot, request_id)
+        return Queued(q.item, lane=low, rows=1, group="v1", arrived=10.0, deadline=70.0)
+
+    for i in range(8):
+        slot.enqueue(job(f"j{i}"))
+    assert slot.batch_limit() == 8  # no synchronous request yet: full size
+    slot.enqueue(queued(slot, "sync"))
+    assert [q.item.request.id for q in slot.take_batch()] == ["sync"]
+    assert slot.batch_limit() == 1  # max_batch 8 // BACKGROUND_BATCH_DIVISOR
+    now[0] += FOREGROUND_QUIET_S
+    assert slot.batch_limit() == 8
+    assert len(slot.take_batch()) == 8

@@ -114,6 +114,24 @@ def test_a_script_runs_alone_in_a_pipeline_and_after_redis_forgot_it(either_redi
     with_broker(either_redis, body)
 
 
+def test_a_script_batch_runs_each_call_in_one_round_trip_even_after_redis_forgot_it(
+    either_redis, namespace
+):
+    async def body(broker: Broker) -> None:
+        script = broker.script(COUNTER)
+        keys = [f"{namespace}:{{batch{i}}}" for i in range(6)]
+        await broker.commands.set(keys[2], "not a number")
+        await broker.commands.script_flush()  # NOSCRIPT for every EVALSHA: EVAL follows
+        after = [("SET", f"{namespace}:{{then}}", "sent")]
+        replies = await script.batch([([k], [i + 1]) for i, k in enumerate(keys)], then=after)
+        assert isinstance(replies[2], ResponseError)  # an error reply fails only its call
+        assert [r for i, r in enumerate(replies) if i != 2] == [1, 2, 4, 5, 6]
+        assert await broker.commands.get(f"{namespace}:{{then}}") == b"sent"
+        assert await script.batch([([keys[1]], [1])]) == [3]  # cached now: EVALSHA alone
+
+    with_broker(either_redis, body)
+
+
 def test_a_script_over_keys_of_several_slots_runs_once_per_group(either_redis, namespace):
     async def body(broker: Broker) -> None:
         keys = [f"{namespace}:{{job{i}}}" for i in range(8)]
