@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 
 import numpy as np
 import pytest
@@ -109,6 +110,9 @@ def test_a_429_is_retried_after_the_time_retry_after_names(stack):
             paused.close()  # the worker runs the queued jobs: the backlog empties
             for job in queued:
                 job.result(timeout=30)
+            # Then wait as told (capped), as the client would: the gateway sees the backlog
+            # empty only at its next backlog refresh, and a retry sooner is refused again.
+            time.sleep(min(seconds, 1.0))
 
         with Client(s.url, sleep=sleep, retries=10) as client:
             second = client.submit("sim", {"x": X}, idempotency_key="second")
