@@ -285,10 +285,30 @@ async function renderJob(id) {
 // -- batches -------------------------------------------------------------------------------
 
 VIEWS.batches = async function () {
-  // BATCHES VIEW: left for the batch work (issue 24), which builds /v2/batches: its progress,
-  // counts and output/error downloads go here, read from that API.
-  show(el("h2", {}, "Batches"), el("p", { class: "muted", id: "batches-placeholder" },
-    "Batches are not shown here yet: they come with the batch API (/v2/batches)."));
+  // The public batch API (/v2/batches), newest first: progress, counts, the output and error
+  // downloads, and cancel (admin token, a POST like every action).
+  const doc = await api("v2/batches?limit=25");
+  const rows = doc.data.map(b => {
+    const c = b.request_counts;
+    const done = c.completed + c.failed;
+    const cancel = el("button", { class: "act batch-cancel",
+      disabled: canAct() && ["validating", "in_progress"].includes(b.status) ? null : "disabled",
+      on: { click: () => act("cancel", () => api(`v2/batches/${encodeURIComponent(b.id)}/cancel`, { method: "POST" })) } },
+      "Cancel");
+    return el("tr", { "data-batch": b.id, class: `batch ${b.status}` },
+      el("td", {}, b.id), el("td", {}, b.model || "-"), el("td", { class: "status" }, b.status),
+      el("td", {}, el("progress", { max: String(c.total || 1), value: String(done) }),
+        ` ${done} / ${c.total}`),
+      el("td", { class: "num" }, num(c.completed)), el("td", { class: "num" }, num(c.failed)),
+      el("td", {}, b.created_at || "-"),
+      el("td", {}, el("a", { href: `v2/batches/${encodeURIComponent(b.id)}/output`, download: `${b.id}-output.jsonl` }, "output"),
+        " ", el("a", { href: `v2/batches/${encodeURIComponent(b.id)}/errors`, download: `${b.id}-errors.jsonl` }, "errors")),
+      el("td", {}, cancel));
+  });
+  show(el("h2", {}, "Batches"),
+    rows.length ? table(["batch", "model", "status", "progress", "completed", "failed", "created", "download", ""], rows, { id: "batches" })
+      : el("p", { id: "no-batches" }, "No batches."),
+    doc.has_more ? el("p", { class: "muted" }, "The 25 newest are shown; `inferq batch status` or GET /v2/batches pages through the rest.") : null);
 };
 
 // -- dead letters --------------------------------------------------------------------------

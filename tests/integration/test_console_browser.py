@@ -8,6 +8,7 @@ else to a temporary folder.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -24,7 +25,14 @@ from inferq.redisserver import RedisServer
 from protocol.keys import Keys, Lane
 from protocol.messages import DeadLetter
 from tests.producer.test_docs import CHROMIUM_FLAGS
-from tests.support import missing, sim_body, sim_request, stacks, write_simulated_model
+from tests.support import (
+    missing,
+    sim_body,
+    sim_request,
+    stacks,
+    wait_until,
+    write_simulated_model,
+)
 from tests.upstack import UpProcess, up_processes
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
@@ -185,6 +193,29 @@ def test_a_failed_job_is_found_through_the_filter_and_opened(up, browser, shots)
     until(browser, lambda: "simulated failure" in text_of(browser, "#job-error"), "the job")
     assert text_of(browser, "#job-events li").split() == ["queued", "running", "failed"]
     browser.save_screenshot(str(shots / "job.png"))
+
+
+def test_a_batch_shows_its_progress_counts_and_downloads(up, browser, shots):
+    from selenium.webdriver.common.by import By
+
+    good = [json.dumps(sim_body(float(v))) for v in range(3)]
+    body = "\n".join([*good, '{"not": "a request"'])
+    with httpx.Client(base_url=up.url, timeout=30) as c:
+        batch = c.post("/v2/batches", params={"model": "sim"}, content=body).json()["id"]
+        wait_until(
+            lambda: c.get(f"/v2/batches/{batch}").json()["status"] == "completed",
+            what="the batch to complete",
+            timeout_s=60,
+        )
+        tab(browser, "batches")
+        row = f'tr[data-batch="{batch}"]'
+        until(browser, lambda: text_of(browser, f"{row} td.status") == "completed", "the batch")
+        cells = [td.text for td in browser.find_elements(By.CSS_SELECTOR, f"{row} td")]
+        assert cells[1:3] == ["sim", "completed"] and cells[4:6] == ["3", "1"], cells
+        browser.save_screenshot(str(shots / "batches.png"))
+        link = browser.find_element(By.CSS_SELECTOR, f"{row} a[download$='-output.jsonl']")
+        output = c.get(link.get_attribute("href")).text.splitlines()
+        assert len(output) == 3
 
 
 def test_a_dead_letter_retried_from_the_console_is_answered(up, browser, shots):
