@@ -426,3 +426,22 @@ def gateway_process(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+
+
+SOCKET_TIMEOUT_S = 10.0
+"""How long a raw-socket test waits for the gateway to act: far beyond the timeouts under test."""
+
+
+def connect(port: int) -> socket.socket:
+    """A raw TCP connection to a local gateway, for tests that send bytes HTTP clients won't."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.settimeout(SOCKET_TIMEOUT_S)
+    return sock
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the gateway sends before it closes the connection."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)

@@ -4,28 +4,19 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 
 from bench.header_flood import REQUEST_LINE, flood, header_lines, rss_bytes
 from producer.server import MAX_HEADER_BYTES
-from tests.support import free_port, gateway_process, sim_body, wait_until
-
-SOCKET_TIMEOUT_S = 10.0
-
-
-def connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.settimeout(SOCKET_TIMEOUT_S)
-    return sock
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
+from tests.support import (
+    connect,
+    free_port,
+    gateway_process,
+    read_until_closed,
+    sim_body,
+    wait_until,
+)
 
 
 def answer(raw: bytes) -> tuple[int, dict[str, str], str]:

@@ -3,27 +3,9 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 
-from tests.support import sim_body
-
-SOCKET_TIMEOUT_S = 10.0
-"""How long the test waits for the gateway to act: far beyond the timeouts under test."""
-
-
-def connect(port: int) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.settimeout(SOCKET_TIMEOUT_S)
-    return sock
-
-
-def read_until_closed(sock: socket.socket) -> bytes:
-    """Everything the gateway sends before it closes the connection."""
-    chunks = []
-    while chunk := sock.recv(65536):
-        chunks.append(chunk)
-    return b"".join(chunks)
+from tests.support import SOCKET_TIMEOUT_S, connect, read_until_closed, sim_body
 
 
 def test_a_connection_that_never_sends_its_headers_is_closed(stack):
