@@ -466,7 +466,11 @@ def test_a_reload_applies_the_configs_new_batching(control_stack):
     config.write_text(config.read_text().replace("max_batch = 64", "max_batch = 16"))
     assert admin(s, "/v2/repository/models/digits/load").status_code == 200
     slot = s.workers[0].worker.slots["digits"]
-    assert slot.model.max_batch == 16 and slot.policy.max_batch == 16
+    # The load answers once the commit is sent; each worker applies it when it reads it.
+    wait_until(
+        lambda: slot.model.max_batch == 16 and slot.policy.max_batch == 16,
+        what="the worker batching by the new max_batch",
+    )
     with s.client() as c:
         wait_until(
             lambda: c.get("/v2/models/digits").json()["parameters"]["max_batch_size"] == 16,
