@@ -80,6 +80,8 @@ class Outcome:
     correct: bool = False
     attempts: int = 0
     """Requests sent for this id (more than one when the client retried a 503)."""
+    message: str = ""
+    """The error message of the last answer when it was not a 200."""
 
 
 def held_by(r: redis.Redis, stream: str, consumer: str) -> list[str]:
@@ -122,13 +124,15 @@ class Tally:
         outcome = self.outcomes.setdefault(request_id(i), Outcome(attempts=1))
         outcome.status = status
         outcome.correct = status == 200 and body is not None and is_correct(i, body)
+        outcome.message = "" if status == 200 else str((body or {}).get("error", ""))
         if status != 200 and status not in self.reasons:
-            self.reasons[status] = str((body or {}).get("error", ""))
+            self.reasons[status] = outcome.message
         self.completed += 1
 
     def no_answer(self, i: int) -> None:
         """Request ``i`` got no HTTP answer (client timeout, connection reset)."""
-        self.outcomes.setdefault(request_id(i), Outcome(attempts=1)).status = NO_ANSWER
+        outcome = self.outcomes.setdefault(request_id(i), Outcome(attempts=1))
+        outcome.status, outcome.message = NO_ANSWER, "no answer"
         self.completed += 1
 
     def count_executions(self, runs: Counter[str] | Path) -> None:
@@ -182,6 +186,15 @@ class Tally:
     @property
     def executed_twice(self) -> int:
         return sum(1 for n in self.executions.values() if n > 1)
+
+    def failures(self) -> Counter[tuple[int, str]]:
+        """Final answers other than 200, by status and error message (what a failed scenario
+        prints to say what went wrong)."""
+        return Counter((o.status, o.message) for o in self.outcomes.values() if o.status != 200)
+
+    def failure_lines(self) -> str:
+        """``failures()`` as lines, most frequent first."""
+        return "\n".join(f"  {n} x {s}: {m}" for (s, m), n in self.failures().most_common())
 
     def ids(self, *, status: int | None = None, correct: bool | None = None) -> list[str]:
         """Request ids whose final outcome matches."""

@@ -235,6 +235,8 @@ def test_an_evicting_redis_under_memory_pressure_keeps_serving_and_recovers(
                 statuses=dict(sorted(count.statuses.items())),
             )
         )
+        print("during:\n" + count.failure_lines())
+        print("after readiness said ready:\n" + after.failure_lines())
     statuses = count.statuses
     assert evicted > 0  # the pressure did evict
     assert count.unanswered == 0 and count.wrong == 0
@@ -293,6 +295,8 @@ def test_a_redis_restart_that_loses_every_key_fails_waiters_fast_and_serves_agai
                 after_correct_200=after.correct,
             )
         )
+        print("during:\n" + count.failure_lines())
+        print("after:\n" + after.failure_lines())
     statuses = count.statuses
     assert count.unanswered == 0 and count.wrong == 0
     assert set(statuses) <= {200, 503}, statuses  # lost ones fail at once: no 20 s 504s
