@@ -3,7 +3,11 @@
 ``sweep`` judges the queued waiters: an entry is *gone* when its stream no longer holds it
 (missing, empty, or starting after its id). A gone entry with a stored result is answered from
 it (its reply was lost); one without is *suspect*, and lost at the next sweep, or at once after
-a known loss (``after_loss``: the reply stream or Redis's data vanished). Each sweep costs one
+a known loss (``after_loss``: the reply stream or Redis's data vanished). A waiter whose ``XADD``
+got no reply (*unconfirmed*) is judged only by a loss found after that ``XADD`` was sent
+(``losses`` counts the losses found, ``Waiter.losses_seen`` those found before the send), at
+whichever sweep first sees it unconfirmed: before that it may be queued in a Redis that is still
+there. Each sweep costs one
 ``XRANGE ... COUNT 1`` per stream with waiters and a ``GET`` per gone entry; nothing per
 request. Why it is sound: ARCHITECTURE.md, "Requests Redis lost".
 """
@@ -31,15 +35,19 @@ class Verdict:
     """Waiters whose requests Redis lost: not in their stream, no result."""
 
 
-async def sweep(redis: aioredis.Redis, waiters: Iterable[Waiter], *, after_loss: bool) -> Verdict:
+async def sweep(
+    redis: aioredis.Redis, waiters: Iterable[Waiter], *, after_loss: bool, losses: int
+) -> Verdict:
     """Judge every queued waiter (see the module docstring) and mark the suspects.
     ``after_loss``: Redis is known to have lost data (fail gone requests now, and look for
-    results of all, not only gone ones). Redis errors propagate."""
+    results of all, not only gone ones). ``losses``: how many losses of Redis's data have been
+    found so far. Redis errors propagate."""
     everyone = list(waiters)
     queued = [w for w in everyone if w.queued]
     # Unconfirmed (their XADD got no reply): nothing to judge them by, until Redis is known to
-    # have lost data, which lost them too unless their result is stored.
-    unconfirmed = [w for w in everyone if w.unconfirmed and not w.queued] if after_loss else []
+    # have lost data after their XADD was sent, which lost them too unless their result is
+    # stored. Sent after the last loss found, one may be queued in the Redis there now.
+    unconfirmed = [w for w in everyone if w.unconfirmed and not w.queued and w.losses_seen < losses]
     verdict = Verdict()
     if unconfirmed:
         results = await _results(redis, [(w.id, w.result_key) for w in unconfirmed])

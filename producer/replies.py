@@ -91,7 +91,10 @@ class ReplyListener:
         self._keepalives = keepalives or Backoff("reply-keepalive", log)
         self._events = events or Backoff("job-events", log)
         self.losses = 0
-        """Times the reply stream was found gone."""
+        """Times the reply stream was found gone (what ``Waiter.unconfirmed_in`` records)."""
+        self._swept = 0
+        """Of ``losses``, how many a sweep has judged the waiters after: a loss whose sweep
+        failed (a pooled connection still to the Redis that went away) is swept again."""
         self.lost = 0
         """Waiting requests failed because Redis lost them."""
 
@@ -107,7 +110,9 @@ class ReplyListener:
 
     async def keepalive(self) -> None:
         """Create the stream if missing and push its expiry forward. Found missing after it
-        existed, the stream was lost with any replies on their way to it: sweep at once."""
+        existed, the stream was lost with any replies on their way to it: sweep at once, and
+        at every keepalive after until one such sweep has succeeded (this one's XADD has made
+        the stream again, so the loss would not be seen twice)."""
         pipe = self._commands.pipeline(transaction=False)
         pipe.exists(self.key)
         pipe.xadd(self.key, {KEEPALIVE_FIELD: b"1"})
@@ -131,12 +136,17 @@ class ReplyListener:
                 waiting=len(self.waiters),
             )
             self._last_id = "0-0"  # read everything on the new stream
+        if self._swept < self.losses:
             await self.sweep(after_loss=True)
 
     async def sweep(self, *, after_loss: bool = False) -> None:
         """Answer waiters whose results are stored, and fail those Redis lost (see
-        ``producer.losses``)."""
-        verdict = await sweep(self._commands, self.waiters, after_loss=after_loss)
+        ``producer.losses``). ``after_loss``: a loss was found; once this sweep has judged
+        every waiter, that loss counts as swept. Redis errors propagate."""
+        losses = self.losses
+        verdict = await sweep(self._commands, self.waiters, after_loss=after_loss, losses=losses)
+        if after_loss:
+            self._swept = max(self._swept, losses)
         for waiter, payload in verdict.found:
             # The waiter itself: a cache key holds the result of whichever request filled it.
             self._resolve_payload(payload, waiter)

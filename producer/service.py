@@ -356,13 +356,14 @@ class InferenceService:
         command that never left, is the caller's 503 (it did not run). A reply lost after the
         XADD was sent is returned: the request may be queued, so it is waited for all the same
         (``Waiter.unconfirmed_in``)."""
+        losses_seen = self.replies.losses  # a loss found after the send may have lost it
         try:
             entry_id = await self.pipeline.execute("XADD", stream, "*", FIELD, request.encode())
         except RETRYABLE as e:
             if not outcome_unknown(e):
                 self.metrics.observe_rejected(request.model, "redis_unavailable")
                 raise redis_unavailable(e) from e
-            waiter.unconfirmed_in(stream, request.result_key)
+            waiter.unconfirmed_in(stream, request.result_key, losses_seen)
             log.warning(
                 "Redis did not confirm a request was queued; waiting for its answer",
                 request_id=request.id,

@@ -35,6 +35,7 @@ class Waiter:
         "entry_id",
         "future",
         "id",
+        "losses_seen",
         "model",
         "result_key",
         "stream",
@@ -59,6 +60,8 @@ class Waiter:
         """Gone from its stream without a result at the last loss sweep (``producer.losses``)."""
         self.unconfirmed = False
         """Its ``XADD`` got no reply: it may or may not be queued (``unconfirmed_in``)."""
+        self.losses_seen = 0
+        """Losses of Redis's data the gateway had found when the unconfirmed ``XADD`` was sent."""
 
     @property
     def queued(self) -> bool:
@@ -68,10 +71,13 @@ class Waiter:
         """Where the request was queued: what the loss sweep checks."""
         self.stream, self.entry_id, self.result_key = stream, entry_id, result_key
 
-    def unconfirmed_in(self, stream: str, result_key: str) -> None:
-        """The request's ``XADD`` to ``stream`` got no reply: no entry id to check, but a loss
-        sweep after a known loss looks for its result, and fails it if there is none."""
+    def unconfirmed_in(self, stream: str, result_key: str, losses_seen: int) -> None:
+        """The request's ``XADD`` to ``stream``, sent when the gateway had found
+        ``losses_seen`` losses of Redis's data (``ReplyListener.losses``), got no reply: no
+        entry id to check, but once a later loss is found a sweep looks for its result, and
+        fails it if there is none (``producer.losses``)."""
         self.stream, self.result_key, self.unconfirmed = stream, result_key, True
+        self.losses_seen = losses_seen
 
     async def wait(
         self,

@@ -11,8 +11,10 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
 import structlog
 
+import producer.replies
 from producer.errors import ServiceUnavailable
 from producer.replies import ReplyListener
 from protocol.messages import FIELD, InferResult, Status
@@ -213,8 +215,8 @@ def test_unconfirmed_requests_wait_until_redis_is_known_to_have_lost_its_data(
 
     async def body(listener: ReplyListener) -> None:
         ran, gone = (listener.waiters.expect(i, "m", 0) for i in ("ran", "gone"))
-        ran.unconfirmed_in(stream, f"{namespace}:result:ran")
-        gone.unconfirmed_in(stream, f"{namespace}:result:gone")
+        ran.unconfirmed_in(stream, f"{namespace}:result:ran", listener.losses)
+        gone.unconfirmed_in(stream, f"{namespace}:result:gone", listener.losses)
         await listener.sweep()
         await listener.sweep()
         assert not ran.future.done() and not gone.future.done()
@@ -223,5 +225,89 @@ def test_unconfirmed_requests_wait_until_redis_is_known_to_have_lost_its_data(
         assert (await ran.future).id == "ran"
         with pytest.raises(ServiceUnavailable, match="lost"):
             await gone.future
+
+    with_listener(either_redis, namespace, body, run=False)
+
+
+def test_a_loss_whose_sweep_failed_is_swept_at_the_next_keepalive(
+    r, either_redis, namespace, monkeypatch
+):
+    """Redis restarted empty: the keepalive finds its reply stream gone (and makes it again),
+    then its sweep fails (a pooled connection still to the Redis that went away). The next
+    keepalive sees the stream there, yet must still sweep after the loss: the request Redis
+    lost fails at once rather than at its deadline (the CI flake of issue #21)."""
+    stream = f"{namespace}:stream:m:normal"
+    r.xadd(stream, {FIELD: b"newer"})
+    real = producer.replies.sweep
+    failures = [redis.ConnectionError("Connection closed by server.")]
+
+    async def flaky(*args: Any, **kw: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kw)
+
+    async def body(listener: ReplyListener) -> None:
+        monkeypatch.setattr(producer.replies, "sweep", flaky)
+        waiter = listener.waiters.expect("gone", "m", 0)
+        waiter.enqueued(stream, "1-1", f"{namespace}:result:gone")  # Redis lost its entry
+        r.delete(listener.key)
+        with pytest.raises(redis.ConnectionError):
+            await listener.keepalive()
+        assert r.exists(listener.key) and not waiter.future.done()
+        await listener.keepalive()
+        assert waiter.future.done()  # failed now, not at its deadline
+        with pytest.raises(ServiceUnavailable, match="lost"):
+            await waiter.future
+        assert listener.losses == 1 and listener.lost == 1
+
+    with_listener(either_redis, namespace, body, run=False)
+
+
+def test_an_xadd_found_unconfirmed_after_the_loss_sweep_is_judged_by_that_loss(
+    r, either_redis, namespace
+):
+    """The XADD was sent before Redis restarted empty, and its failure is seen only after the
+    sweep for that loss: the next ordinary sweep fails it at once (no result is stored)."""
+    stream = f"{namespace}:stream:m:normal"
+
+    async def body(listener: ReplyListener) -> None:
+        waiter = listener.waiters.expect("late", "m", 0)
+        sent_at = listener.losses  # the XADD leaves now
+        r.delete(listener.key)
+        await listener.keepalive()  # the loss is found and swept: the XADD is still in flight
+        assert listener.losses == 1 and not waiter.future.done()
+        waiter.unconfirmed_in(stream, f"{namespace}:result:late", sent_at)
+        await listener.sweep()
+        assert waiter.future.done()  # failed now, not at its deadline
+        with pytest.raises(ServiceUnavailable, match="lost"):
+            await waiter.future
+
+    with_listener(either_redis, namespace, body, run=False)
+
+
+def test_an_unconfirmed_xadd_sent_after_the_loss_was_found_keeps_waiting(
+    r, either_redis, namespace, monkeypatch
+):
+    """An XADD sent to the Redis that came back, whose reply was lost, may be queued there: a
+    sweep for the earlier loss (retried, since its first attempt failed) leaves it waiting."""
+    stream = f"{namespace}:stream:m:normal"
+    real = producer.replies.sweep
+    failures = [redis.ConnectionError("Connection closed by server.")]
+
+    async def flaky(*args: Any, **kw: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kw)
+
+    async def body(listener: ReplyListener) -> None:
+        monkeypatch.setattr(producer.replies, "sweep", flaky)
+        r.delete(listener.key)
+        with pytest.raises(redis.ConnectionError):
+            await listener.keepalive()  # the loss is found; its sweep fails
+        waiter = listener.waiters.expect("after", "m", 0)
+        waiter.unconfirmed_in(stream, f"{namespace}:result:after", listener.losses)
+        await listener.keepalive()  # sweeps after the loss, now
+        await listener.sweep()
+        assert not waiter.future.done() and listener.lost == 0
 
     with_listener(either_redis, namespace, body, run=False)
