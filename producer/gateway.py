@@ -221,7 +221,11 @@ class Gateway:
     async def ready(self) -> tuple[bool, list[str]]:
         """Ready when Redis answers, no request-path loop is down or failing (the reply
         listener and its keepalive, the registry), and a live worker serves a version of some
-        model (not when every model is unloaded); else the reasons, for a person."""
+        model (not when every model is unloaded); else the reasons, for a person. Which workers
+        are live is read from Redis now, not from the last periodic refresh: an advertisement
+        that vanished since (evicted, expired) would otherwise read as ready while the next
+        refresh refuses every request ("no live worker serves model ...")."""
+        await self.registry.refresh()  # failures go to the registry loop's health, read below
         problems = self.loops.problems(critical_only=True)
         try:
             await self.pipeline.execute("PING")

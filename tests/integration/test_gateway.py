@@ -8,6 +8,7 @@ import json
 import httpx
 import redis
 
+from protocol.keys import Keys
 from tests.support import sim_body, wait_until
 
 
@@ -24,6 +25,25 @@ def test_liveness_and_readiness_follow_redis_and_workers(stack):
             what="readiness once a worker runs",
         )
         assert c.get("/v2/health/ready").json() == {"ready": True}
+
+
+def test_readiness_reads_the_live_workers_from_redis_not_from_the_last_refresh(
+    stack, redis_url, namespace
+):
+    """A worker's advertisement vanished (an evicting Redis took it) after the last periodic
+    refresh: readiness says 503 at once, as the requests are refused, rather than 200 from what
+    the registry last saw (issue #21: "ready", then 84 of 100 requests failed)."""
+    s = stack(workers=0, registry_refresh_s=3600)  # no periodic refresh during the test
+    worker = s.add_worker(heartbeat_s=60, worker_ttl_s=120)  # nor a heartbeat to re-advertise
+    keys = Keys(namespace)
+    s.wait_ready("sim")  # the model's readiness looks the worker up (one early refresh)
+    with s.client() as c, redis.Redis.from_url(redis_url) as r:
+        assert c.get("/v2/health/ready").status_code == 200
+        assert r.delete(keys.worker(worker.worker.settings.worker_id)) == 1  # evicted
+        ready = c.get("/v2/health/ready")
+        assert ready.status_code == 503, ready.text
+        assert ready.json()["problems"] == ["no live worker serves any model"]
+        assert s.infer("sim", sim_body(1)).status_code == 503  # as readiness says
 
 
 def test_server_metadata_lists_the_extensions(stack):
