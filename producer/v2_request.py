@@ -31,7 +31,6 @@ import sys
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-import msgspec
 import numpy as np
 import numpy.typing as npt
 import orjson
@@ -48,7 +47,6 @@ __all__ = [
     "check_inputs_complete",
     "check_nesting",
     "check_rows",
-    "check_tensor_fields",
     "check_tensor_header",
     "parse_infer_request",
     "parse_json_object",
@@ -192,27 +190,6 @@ def check_nesting(value: Any, what: str, limit: int = MAX_NESTING) -> None:
     raise BadRequest(f"{what} nests lists or objects more than {limit} deep")
 
 
-class _V2Input(msgspec.Struct):
-    name: str
-    datatype: str
-    shape: list[int]
-    data: list[Any] | msgspec.UnsetType = msgspec.UNSET
-    parameters: dict[str, Any] | None = None
-
-
-class _V2Request(msgspec.Struct):
-    """The V2 request document as msgspec types it: decoding checks every field's JSON type
-    (unknown fields are ignored, as before); what depends on the model is checked after."""
-
-    inputs: list[_V2Input]
-    id: str | None = None
-    parameters: dict[str, Any] | None = None
-    outputs: list[dict[str, Any]] | None = None
-
-
-_DECODER = msgspec.json.Decoder(_V2Request)
-
-
 def parse_infer_request(
     body: bytes, header_length: int | None, model: ModelMetadata
 ) -> InferRequestBody:
@@ -220,17 +197,10 @@ def parse_infer_request(
 
     ``header_length`` is the ``Inference-Header-Content-Length`` header (``None`` when absent:
     the whole body is JSON). Raises BadRequest for anything malformed or not matching the model.
-
-    msgspec decodes the JSON straight into typed structs (one pass, no walk over a dict). What
-    it refuses (malformed JSON, a field of the wrong type, numbers it cannot hold, nesting past
-    its limit) is read again by the standard walk (:func:`_parse_walked`), which words the
-    problem for the person who sent it (msgspec's ``Expected `str | null`, got `int` - at
-    `$.id``` is for programmers) or, for what only msgspec's typing refuses (an integer beyond
-    64 bits, nesting it cannot recurse into), judges it as before.
     """
     if header_length is None:
         header = body
-        binary = _Binary(body, len(body), len(body), None)
+        binary_end = pos = len(body)
         what = "request body"
     else:
         if header_length < 0 or header_length > len(body):
@@ -239,55 +209,29 @@ def parse_infer_request(
                 f"{len(body)} bytes"
             )
         header = body[:header_length]
-        binary = _Binary(body, header_length, len(body), header_length)
+        pos = header_length
+        binary_end = len(body)
         what = f"request body (its JSON header, the first {header_length} bytes)"
-    try:
-        request = _DECODER.decode(header)
-    except (msgspec.DecodeError, RecursionError):
-        return _parse_walked(parse_json_object(header, what), binary, model)
+    request = parse_json_object(header, what)
 
-    parameters = _checked_parameters(request.parameters)
-    specs = {s.name: s for s in model.inputs}
-    if not request.inputs:
-        raise_no_inputs(model)
-    inputs: list[Tensor] = []
-    seen: set[str] = set()
-    for index, raw in enumerate(request.inputs):
-        name, datatype, shape = check_tensor_fields(
-            raw.name, raw.datatype, raw.shape, index, specs, model
-        )
-        has_data = raw.data is not msgspec.UNSET
-        inputs.append(
-            _input_tensor(name, datatype, shape, raw.parameters, has_data, raw.data, seen, binary)
-        )
-    return _finish(request.id, parameters, inputs, seen, request.outputs, binary, model)
-
-
-@dataclass(slots=True)
-class _Binary:
-    """The body and the binary data not yet claimed by an input: ``body[pos:end]``."""
-
-    body: bytes
-    pos: int
-    end: int
-    header_length: int | None
-
-
-def _parse_walked(
-    request: dict[str, Any], binary: _Binary, model: ModelMetadata
-) -> InferRequestBody:
-    """The request as a decoded JSON object, checked field by field (each problem worded)."""
     client_id = request.get("id")
     if client_id is not None and not isinstance(client_id, str):
         raise BadRequest(f"request 'id' must be a string, got {_json_type(client_id)}")
+
     parameters = request.get("parameters")
-    if parameters is not None and not isinstance(parameters, dict):
+    if parameters is None:
+        parameters = {}
+    elif not isinstance(parameters, dict):
         raise BadRequest(f"request 'parameters' must be an object, got {_json_type(parameters)}")
-    parameters = _checked_parameters(parameters)
+    check_nesting(parameters, "request 'parameters'")
+    binary_data_output = parameters.get("binary_data_output", False)
+    if not isinstance(binary_data_output, bool):
+        raise BadRequest("request parameter 'binary_data_output' must be true or false")
 
     raw_inputs = request.get("inputs")
     if not isinstance(raw_inputs, list) or not raw_inputs:
         raise_no_inputs(model)
+
     specs = {s.name: s for s in model.inputs}
     inputs: list[Tensor] = []
     seen: set[str] = set()
@@ -295,84 +239,48 @@ def _parse_walked(
         if not isinstance(raw, dict):
             raise BadRequest(f"inputs[{index}] must be an object, got {_json_type(raw)}")
         name, datatype, shape = check_tensor_header(raw, index, specs, model)
+        if name in seen:
+            raise BadRequest(f"input '{name}' appears more than once in the request")
+        seen.add(name)
+
         params = raw.get("parameters")
-        if params is not None and not isinstance(params, dict):
+        if params is None:
+            params = {}
+        elif not isinstance(params, dict):
             raise BadRequest(f"input '{name}': 'parameters' must be an object")
-        inputs.append(
-            _input_tensor(
-                name, datatype, shape, params, "data" in raw, raw.get("data"), seen, binary
-            )
-        )
-    return _finish(client_id, parameters, inputs, seen, request.get("outputs"), binary, model)
+        check_nesting(params, f"input '{name}': 'parameters'")
+        check_input_parameters(name, params)
+        size = params.get("binary_data_size")
+        if size is not None:
+            if "data" in raw:
+                raise BadRequest(f"input '{name}' has both 'data' and a binary_data_size")
+            if type(size) is not int or size < 0:
+                raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
+            if pos + size > binary_end:
+                raise BadRequest(_short_binary_message(name, size, binary_end - pos, header_length))
+            try:
+                tensor = Tensor.checked(name, datatype, shape, body[pos : pos + size])
+            except ProtocolError as e:
+                raise BadRequest(f"input '{name}': binary data does not fit: {e}") from None
+            pos += size
+        else:
+            if "data" not in raw:
+                raise BadRequest(
+                    f"input '{name}' has no 'data' (and no binary_data_size for binary data)"
+                )
+            tensor = Tensor(name, datatype, shape, _json_tensor_data(name, datatype, shape, raw))
+        inputs.append(tensor)
 
-
-def _checked_parameters(parameters: dict[str, Any] | None) -> dict[str, Any]:
-    if parameters is None:
-        return {}
-    check_nesting(parameters, "request 'parameters'")
-    if not isinstance(parameters.get("binary_data_output", False), bool):
-        raise BadRequest("request parameter 'binary_data_output' must be true or false")
-    return parameters
-
-
-def _input_tensor(
-    name: str,
-    datatype: str,
-    shape: tuple[int, ...],
-    params: dict[str, Any] | None,
-    has_data: bool,
-    data: Any,
-    seen: set[str],
-    binary: _Binary,
-) -> Tensor:
-    """One input whose header is checked: its data from JSON or from the binary part."""
-    if name in seen:
-        raise BadRequest(f"input '{name}' appears more than once in the request")
-    seen.add(name)
-    if params is None:
-        params = {}
-    check_nesting(params, f"input '{name}': 'parameters'")
-    check_input_parameters(name, params)
-    size = params.get("binary_data_size")
-    if size is None:
-        if not has_data:
-            raise BadRequest(
-                f"input '{name}' has no 'data' (and no binary_data_size for binary data)"
-            )
-        return Tensor(name, datatype, shape, _json_tensor_data(name, datatype, shape, data))
-    if has_data:
-        raise BadRequest(f"input '{name}' has both 'data' and a binary_data_size")
-    if type(size) is not int or size < 0:
-        raise BadRequest(f"input '{name}': binary_data_size must be a non-negative integer")
-    pos = binary.pos
-    if pos + size > binary.end:
-        raise BadRequest(_short_binary_message(name, size, binary.end - pos, binary.header_length))
-    try:
-        tensor = Tensor.checked(name, datatype, shape, binary.body[pos : pos + size])
-    except ProtocolError as e:
-        raise BadRequest(f"input '{name}': binary data does not fit: {e}") from None
-    binary.pos = pos + size
-    return tensor
-
-
-def _finish(
-    client_id: str | None,
-    parameters: dict[str, Any],
-    inputs: list[Tensor],
-    seen: set[str],
-    raw_outputs: Any,
-    binary: _Binary,
-    model: ModelMetadata,
-) -> InferRequestBody:
     check_inputs_complete(seen, model)
     check_rows(inputs)
-    if binary.pos != binary.end:
+    if pos != binary_end:
         raise BadRequest(
-            f"request has {binary.end - binary.pos} bytes of binary data after the JSON header "
-            "that no input claims (the inputs' binary_data_size values add up to less)"
+            f"request has {binary_end - pos} bytes of binary data after the JSON header that no "
+            "input claims (the inputs' binary_data_size values add up to less)"
         )
+
     outputs, binary_outputs, binary_all = requested_outputs(
-        raw_outputs, model, parameters.get("binary_data_output", False)
+        request.get("outputs"), model, binary_data_output
     )
     return InferRequestBody(
         client_id=client_id,
@@ -392,20 +300,7 @@ def check_tensor_header(
 ) -> tuple[str, str, tuple[int, ...]]:
     """Check an input's name, datatype and shape (``raw`` holds them under the V2 JSON keys)
     against the model; ``specs`` are the model's inputs by name."""
-    return check_tensor_fields(
-        raw.get("name"), raw.get("datatype"), raw.get("shape"), index, specs, model
-    )
-
-
-def check_tensor_fields(
-    name: Any,
-    datatype: Any,
-    shape: Any,
-    index: int,
-    specs: dict[str, TensorSpec],
-    model: ModelMetadata,
-) -> tuple[str, str, tuple[int, ...]]:
-    """:func:`check_tensor_header` on the three values (as decoded, of any JSON type)."""
+    name = raw.get("name")
     if not isinstance(name, str):
         raise BadRequest(f"inputs[{index}] needs a string 'name'")
     spec = specs.get(name)
@@ -413,6 +308,7 @@ def check_tensor_fields(
         raise BadRequest(
             f"model '{model.name}' has no input '{name}'; its inputs are {_names(model.inputs)}"
         )
+    datatype = raw.get("datatype")
     if not isinstance(datatype, str):
         raise BadRequest(
             f"input '{name}' needs a string 'datatype' ({spec.datatype} for this model)"
@@ -427,6 +323,7 @@ def check_tensor_fields(
             f"input '{name}' has datatype {datatype} but model '{model.name}' expects "
             f"{spec.datatype}"
         )
+    shape = raw.get("shape")
     if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
         raise BadRequest(
             f"input '{name}': 'shape' must be a list of non-negative integers, got "
@@ -502,8 +399,11 @@ def _short_binary_message(name: str, size: int, left: int, header_length: int | 
 # --- requests: JSON data ------------------------------------------------------------------
 
 
-def _json_tensor_data(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> bytes:
+def _json_tensor_data(
+    name: str, datatype: str, shape: tuple[int, ...], raw: dict[str, Any]
+) -> bytes:
     """The wire bytes of an input given as JSON ``data`` (flat or nested, row-major)."""
+    data = raw["data"]
     if not isinstance(data, list):
         raise BadRequest(f"input '{name}': 'data' must be a list, got {_json_type(data)}")
     need = math.prod(shape)
