@@ -62,7 +62,6 @@ _INT_RANGES: dict[str, tuple[int, int]] = {
 _EXACT_FLOAT_INT = 2**53
 """Every integer up to this magnitude is exact in float64."""
 _FLOAT_TYPES = frozenset(name for name, dt in DTYPES.items() if dt.kind == "f")
-_FLOAT_MAX = {name: float(np.finfo(DTYPES[name]).max) for name in _FLOAT_TYPES}
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 
 _FLOAT_KINDS = "f"
@@ -484,14 +483,6 @@ def _json_numbers(
             f"input '{name}': {datatype} data must be numbers, "
             f"found {_KIND_WORDS.get(kind, 'other values')}"
         )
-    if (
-        kind == "f"
-        and datatype in _FLOAT_TYPES
-        and float(np.abs(arr).max()) <= _FLOAT_MAX[datatype]
-    ):
-        # The common case in one bound: every value finite and in range (NaN fails it), so the
-        # cast cannot overflow; anything else takes the checks below, which say what is wrong.
-        return arr.astype(dtype, copy=False)
     if kind in _FLOAT_KINDS and not np.isfinite(arr).all():
         # NaN and Infinity were refused by the reader: this is a literal such as 1e999.
         raise BadRequest(
