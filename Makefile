@@ -71,11 +71,17 @@ lint: $(VENV)/.dev
 bench-core: $(VENV)/.dev
 	$(BIN)/python bench/core.py $(ARGS)
 
-## bench-peers: inferq vs plain FastAPI and an in-process asyncio batcher, side by side (issue #14)
+## bench-peers: inferq vs plain FastAPI and an in-process asyncio batcher, side by side (issue #14);
+## REAL=1 then runs the real peers too (Triton, MLServer, BentoML, LitServe, KServe, Ray Serve:
+## bench/realpeers/run.py, each in its own venv under /work/peers, built on first use; REAL_ARGS
+## are its options). Neither is in the dev extra or in CI.
 bench-peers: $(VENV)/.bench
 	./scripts/ensure-redis
 	./scripts/ensure-wrk
 	$(BIN)/python bench/peers.py $(ARGS)
+ifneq ($(REAL),)
+	$(BIN)/python bench/realpeers/run.py $(REAL_ARGS)
+endif
 
 ## bench-minilm: minilm sentence embeddings through inferq up vs the same ONNX session in-process
 bench-minilm: $(VENV)/.dev

@@ -129,8 +129,18 @@ def _declares(root: Path, flag: str) -> bool:
 class Service:
     """`inferq up` against a private Redis, for one benchmark run."""
 
-    def __init__(self, *extra: str, workers: int = 1, root: Path = ROOT) -> None:
-        """``root``: the checkout whose code runs (another revision's, for an A/B run)."""
+    def __init__(
+        self,
+        *extra: str,
+        workers: int = 1,
+        root: Path = ROOT,
+        env: dict[str, str] | None = None,
+        stdout: Path | None = None,
+    ) -> None:
+        """``root``: the checkout whose code runs (another revision's, for an A/B run); ``env``:
+        variables added to its environment; ``stdout``: a file its processes append to."""
+        self.env = env or {}
+        self.stdout = stdout
         self.redis = RedisServer()
         self.root = root
         self.port = free_port()
@@ -147,6 +157,7 @@ class Service:
 
     def __enter__(self) -> Service:
         self.redis.start()
+        out = self.stdout.open("ab") if self.stdout else None
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -173,10 +184,12 @@ class Service:
                 "0",
                 *self.extra,
             ],
-            stdout=subprocess.DEVNULL,
+            stdout=out or subprocess.DEVNULL,
             cwd=self.root,
-            env={**os.environ, "PYTHONPATH": str(self.root)},
+            env={**os.environ, **self.env, "PYTHONPATH": str(self.root)},
         )
+        if out is not None:
+            out.close()  # the processes hold their own copies
         try:
             wait_ready(self.url, proc=self.proc)
         except RuntimeError:

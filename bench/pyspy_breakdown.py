@@ -9,6 +9,12 @@ package): time in ``json`` called from our code counts as JSON, time in Starlett
 Starlette. Samples whose innermost Python frame is the event loop's ``run`` are time in
 uvloop's C code (socket I/O, httptools' parser, callbacks' C parts). Stages
 are also given inclusively: the share of samples with that function anywhere on the stack.
+
+``--by-stage`` charges each sample instead to the request stage (issue #27's table: HTTP, JSON
+decode, validation, Redis I/O, encode, metrics, model call, ...) of its innermost frame that
+names one (``STAGE_RULES``); frames of libraries that name none (numpy, typing, dataclasses'
+``__init__``) count for their caller. With ``--cpu-us N`` (the process's measured CPU per
+request, from a run without py-spy) each share is also given in microseconds per request.
 """
 
 from __future__ import annotations
@@ -62,6 +68,79 @@ STAGES = (
 )
 
 
+STAGE_RULES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "HTTP (uvicorn, httptools, response sends)",
+        (
+            "uvicorn/",
+            "producer/server.py",
+            "producer/httpbody.py",
+            "producer/fastpath.py",
+            "starlette/",
+        ),
+    ),
+    (
+        "JSON decode (orjson, msgspec, json)",
+        (
+            "orjson",
+            "msgspec",
+            "json/",
+            "parse_json_object",
+            "_parse_slowly",
+            "decode_request",
+        ),
+    ),
+    ("V2 validation and tensor build", ("producer/v2_request.py",)),
+    ("response encode", ("producer/v2_response.py",)),
+    (
+        "metrics",
+        (
+            "prometheus_client/",
+            "producer/metrics.py",
+            "producer/instrument.py",
+            "consumer/metrics.py",
+            "runtime/metrics.py",
+        ),
+    ),
+    (
+        "model call (ONNX Runtime, backends)",
+        ("onnxruntime/", "consumer/backends/", "ServedModel.run"),
+    ),
+    ("msgpack codec (protocol/)", ("protocol/", "msgpack/")),
+    (
+        "Redis I/O (redis-py, runtime/resp, pipeliner, reader, writer)",
+        (
+            "redis/",
+            "runtime/resp.py",
+            "runtime/readconn.py",
+            "runtime/connections.py",
+            "producer/pipeliner.py",
+            "producer/replies.py",
+            "consumer/reader.py",
+            "consumer/writer.py",
+            "asyncio/streams.py",
+        ),
+    ),
+    ("logging (structlog)", ("structlog/", "logging/")),
+    ("asyncio (tasks, futures, timers)", ("asyncio/",)),
+    ("gateway service (admission, routing, waiters)", ("producer/",)),
+    ("worker (batcher, dispatcher)", ("consumer/",)),
+    ("runtime/ (other)", ("runtime/",)),
+)
+"""Innermost match wins; a rule's pattern is a file path part or a function name."""
+
+
+def stage_of(stack: list[tuple[str, str]]) -> str:
+    func, file = stack[-1]
+    if func in ("Runner.run", "run_forever", "BaseEventLoop.run_forever") and "asyncio" in file:
+        return EVENT_LOOP
+    for func, file in reversed(stack):
+        for name, patterns in STAGE_RULES:
+            if any(p in file or p == func for p in patterns):
+                return name
+    return "other"
+
+
 def frames(stack: str) -> list[tuple[str, str]]:
     out = []
     for raw in stack.split(";"):
@@ -90,7 +169,7 @@ def group_of(stack: list[tuple[str, str]], innermost: str = "") -> str:
     return "other"
 
 
-def breakdown(paths: list[Path], top: int = 0) -> dict[str, object]:
+def breakdown(paths: list[Path], top: int = 0, by_stage: bool = False) -> dict[str, object]:
     groups: Counter[str] = Counter()
     lines: Counter[str] = Counter()
     stages: Counter[str] = Counter()
@@ -104,7 +183,7 @@ def breakdown(paths: list[Path], top: int = 0) -> dict[str, object]:
             stack = frames(stack_text)
             total += n
             innermost = stack_text.rsplit(";", 1)[-1].strip()
-            groups[group_of(stack, innermost)] += n
+            groups[stage_of(stack) if by_stage else group_of(stack, innermost)] += n
             lines[innermost] += n
             names = {f for f, _ in stack}
             for stage in STAGES:
@@ -123,8 +202,10 @@ def main() -> None:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--top", type=int, default=0, help="also the N busiest source lines")
+    parser.add_argument("--by-stage", action="store_true", help="groups: request stages")
+    parser.add_argument("--cpu-us", type=float, help="CPU µs per request, to scale shares by")
     args = parser.parse_args()
-    result = breakdown(args.files, args.top)
+    result = breakdown(args.files, args.top, args.by_stage)
     if args.json:
         print(json.dumps(result, indent=1))
         return
@@ -132,7 +213,8 @@ def main() -> None:
     for title in ("groups", "stages", "lines"):
         print(f"{title}:")
         for k, v in result[title].items():  # type: ignore[attr-defined]
-            print(f"  {v:6.1%}  {k}")
+            us = f"  {v * args.cpu_us:6.1f} µs" if args.cpu_us and title != "lines" else ""
+            print(f"  {v:6.1%}{us}  {k}")
 
 
 if __name__ == "__main__":
