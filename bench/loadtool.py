@@ -9,7 +9,6 @@ body and headers come from ``bench/wrk_post.lua``, which also prints the figures
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -106,18 +105,16 @@ def _wrk(
 def _loadgen(
     url: str, body: bytes, headers: dict[str, str], concurrency: int, duration_s: float
 ) -> Load:
-    from loadgen.closed import run_closed_loop
+    from bench.common import closed_loop
     from loadgen.http import PreparedRequest
 
-    path = "/" + url.split("/", 3)[3]
-    r = asyncio.run(
-        run_closed_loop(
-            url,
-            concurrency=concurrency,
-            duration_s=duration_s,
-            requests=PreparedRequest("POST", path, body, headers),
-            warmup_s=0.0,
-        )
+    base, path = url.split("/", 3)[:3], "/" + url.split("/", 3)[3]
+    r = closed_loop(
+        "/".join(base),
+        PreparedRequest("POST", path, body, headers),
+        concurrency=concurrency,
+        duration_s=duration_s,
+        warmup_s=0.0,
     )
     lat = r.latency_ms
 
