@@ -65,3 +65,19 @@ def test_a_page_of_batches_is_two_round_trips_whatever_its_size(redis_url, names
             await r.aclose()
 
     asyncio.run(go())
+
+
+def test_a_page_spans_the_batches_of_every_slot_on_either_kind_of_redis(either_redis, namespace):
+    keys = Keys(namespace)
+
+    async def go() -> None:
+        broker = await either_redis.broker()
+        try:
+            newest = await _seed(broker.commands, keys, 12)
+            data, more = await read_page(broker.commands, keys, None, 10)
+            assert [d["id"] for d in data] == newest[:10] and more
+            assert {d["request_counts"]["completed"] for d in data} == {2}
+        finally:
+            await broker.aclose()
+
+    asyncio.run(go())
