@@ -15,10 +15,12 @@ lost (no answer, a wrong answer, or a 202 job that never succeeded), executed tw
 gateway's Redis connections (``CLIENT LIST`` by name) and, where the code has it, its pool
 gauge.
 
-The script imports only what every revision has (``inferq.redisserver``), and starts the
-product as processes, so the same script measures another checkout: run it with
-``PYTHONPATH`` there (``PYTHONPATH=/work/wt-base python bench/redis_faults.py ...``); the
-result file records which revision ran. Simulated model: figures are about inferq, not a model.
+The script imports only what every revision since the bench harness has
+(``inferq.redisserver``, ``bench.common.git_revision`` and ``ROOT``), and starts the product as
+processes, so the same script measures another checkout: run it with ``PYTHONPATH`` there
+(``PYTHONPATH=/work/wt-base python bench/redis_faults.py ...``); the result file records which
+revision ran (``bench.common`` comes from that checkout too, so its ``git_revision()`` is that
+checkout's). Simulated model: figures are about inferq, not a model.
 
     PYTHONPATH=$PWD python bench/redis_faults.py --fault stall --times 3 --label after
 """
@@ -45,6 +47,7 @@ from typing import Any
 import httpx
 import redis
 
+from bench.common import ROOT, git_revision
 from inferq.redisserver import RedisServer, free_port
 
 STALL_S = 7.0
@@ -370,22 +373,6 @@ def scenario(kind: str, times: int, job_lanes: int = JOB_LANES) -> dict[str, Any
     }
 
 
-def revision() -> str:
-    import inferq
-
-    tree = Path(inferq.__file__).resolve().parent.parent
-    rev = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=no"],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
-    return f"{rev}{'+dirty' if dirty else ''} ({tree})"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fault", choices=("stall", "restart"), action="append")
@@ -404,21 +391,22 @@ def main() -> None:
         results.append(result)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"redis_faults-{args.label}.json"
-    path.write_text(
-        json.dumps(
-            {
-                "revision": revision(),
-                "command": " ".join(
-                    [f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", "python", *sys.argv]
-                ),
-                "machine": f"{platform.node()} {os.cpu_count()} CPUs",
-                "simulated_model": True,
-                "results": results,
-            },
-            indent=2,
-        )
-    )
+    path.write_text(json.dumps(stamped(results), indent=2))
     print(f"wrote {path}")
+
+
+def stamped(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """The result file: which checkout ran (``bench.common.git_revision`` of the checkout on
+    ``PYTHONPATH``, and where it is), how, on what, and the results."""
+    return {
+        "revision": f"{git_revision()} ({ROOT})",
+        "command": " ".join(
+            [f"PYTHONPATH={os.environ.get('PYTHONPATH', '')}", "python", *sys.argv]
+        ),
+        "machine": f"{platform.node()} {os.cpu_count()} CPUs",
+        "simulated_model": True,
+        "results": results,
+    }
 
 
 if __name__ == "__main__":

@@ -94,17 +94,24 @@ class Outcomes:
         return parsed[0] if parsed else ""
 
     def poisoned(self, d: Delivery, reason: str, raw: bytes) -> Outgoing:
-        """Dead-lettered after too many deliveries; its caller is answered with the reason."""
+        """Dead-lettered after too many deliveries; its caller is answered with the reason (a
+        job fails with it, whether its record says queued or running)."""
         r = d.request
         failed = InferResult(
             r.id, Status.FAILED, r.model, r.version, error=reason, worker=self._worker_id
         )
-        return replace(
+        out = replace(
             self.result(d, failed),
             dead_letter=self._keys.dlq(r.model),
             reason=reason,
             raw=raw,
         )
+        if out.job is None:
+            return out
+        # The record is "queued" when the last worker's lease lapsed and it was re-queued, or
+        # still "running" when it had not yet: either way the job fails with the reason.
+        failing = out.job.args  # the failed result's move (from running)
+        return replace(out, job=replace(out.job, required=JobStatus.QUEUED, if_running=failing))
 
     def expired(self, d: Delivery) -> Outgoing:
         r = d.request

@@ -212,7 +212,8 @@ class ResultWriter:
                     moves += 1
                 pipe.pexpire(job.key, max(1, job.ttl_ms))
                 event: dict[bytes, Any] = {JOB_EVENT_FIELD: job.job_id}
-                if job.if_running is None:  # else either move: readers re-read the record
+                # Two moves to different statuses: readers re-read the record.
+                if job.if_running is None or job.if_running[0] == job.args[0]:
                     event[EVENT_STATUS_FIELD] = job.args[0]
                 pipe.xadd(self._job_events, event, maxlen=JOB_EVENTS_MAXLEN, approximate=True)
                 queued.append((step, moves + 2))

@@ -400,6 +400,8 @@ def routes() -> list[Route]:
         *docs.routes(),
         *console.routes(),
         Route("/metrics", metrics, name="metrics"),
+        # Before the models' own paths, as Triton matches it: a model named "stats" has its
+        # metadata at /v2/models/stats/versions/{v} (docs/model-control.md, Limits).
         ApiRoute("/v2/models/stats", model_stats, api.MODEL_STATS, name="model_stats"),
         *per_model,
         ApiRoute("/v2/jobs/{job}", get_job, api.JOB_STATUS, name="job_status", methods=["GET"]),

@@ -53,7 +53,7 @@ from protocol.batches import (
     parse_window,
 )
 from protocol.jobs import TRANSITION_SCRIPT, transition_args
-from protocol.keys import JOB_EVENTS_MAXLEN
+from protocol.keys import JOB_EVENTS_MAXLEN, Keys, text
 from protocol.messages import EVENT_STATUS_FIELD
 from runtime.faults import RETRYABLE
 
@@ -264,18 +264,11 @@ class BatchService:
         if not is_batch_id(batch_id):
             return None
         raw = cast(dict[bytes, bytes], await self._redis.hgetall(self.keys.batch(batch_id)))
-        if not raw:
-            return None
-        try:
-            return BatchRecord.from_fields(raw)
-        except ProtocolError as e:
-            log.error("unreadable batch record", batch_id=batch_id, error=str(e))
-            return None
+        return _decoded(batch_id, raw)
 
     async def counts(self, record: BatchRecord) -> Counts:
         pipe = self._redis.pipeline(transaction=False)
-        pipe.hlen(self.keys.batch(record.id, "output"))
-        pipe.hlen(self.keys.batch(record.id, "errors"))
+        queue_counts(pipe, self.keys, record.id)
         completed, failed = await pipe.execute()
         return Counts(record.total, int(completed), int(failed))
 
@@ -319,14 +312,8 @@ class BatchService:
             raise BadRequest(f"'limit' must be 1 to {MAX_LIST_LIMIT}")
         if after is not None and not is_batch_id(after):
             raise BadRequest(f"'after' must be a batch id, got {after!r}")
-        top = f"({after}" if after else "+"
         try:
-            ids = await self._redis.zrevrangebylex(self.keys.batches, top, "-", 0, limit + 1)
-            data = []
-            for raw in ids[:limit]:
-                record = await self.load(raw.decode())
-                if record is not None:
-                    data.append(render(record, await self.counts(record)))
+            data, more = await read_page(self._redis, self.keys, after, limit)
         except RETRYABLE as e:
             raise redis_unavailable(e, "list the batches") from e
         return {
@@ -334,7 +321,7 @@ class BatchService:
             "data": data,
             "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None,
-            "has_more": len(ids) > limit,
+            "has_more": more,
         }
 
     async def answers(self, record: BatchRecord, part: str) -> AsyncIterator[bytes]:
@@ -407,6 +394,49 @@ class BatchService:
         await self._redis.xadd(
             self.keys.job_events, fields, maxlen=JOB_EVENTS_MAXLEN, approximate=True
         )
+
+
+def queue_counts(pipe: Any, keys: Keys, batch_id: str) -> None:
+    """Queue what ``Counts`` reads (answered and failed lines): two replies."""
+    pipe.hlen(keys.batch(batch_id, "output"))
+    pipe.hlen(keys.batch(batch_id, "errors"))
+
+
+async def read_page(
+    redis: Any, keys: Keys, after: str | None, limit: int
+) -> tuple[list[dict[str, Any]], bool]:
+    """Up to ``limit`` batches newest first below ``after``, rendered, and whether more
+    follow: two round trips whatever ``limit`` (the ids, then every record and its counts in
+    one pipeline). A batch gone between the two is left out."""
+    top = f"({after}" if after else "+"
+    found = await redis.zrevrangebylex(keys.batches, top, "-", 0, limit + 1)
+    more = len(found) > limit
+    ids = [text(raw) for raw in found[:limit]]
+    if not ids:
+        return [], more
+    pipe = redis.pipeline(transaction=False)
+    for batch_id in ids:
+        pipe.hgetall(keys.batch(batch_id))
+        queue_counts(pipe, keys, batch_id)
+    replies = await pipe.execute()
+    data = []
+    for i, batch_id in enumerate(ids):
+        raw, completed, failed = replies[3 * i : 3 * i + 3]
+        record = _decoded(batch_id, raw)
+        if record is not None:
+            data.append(render(record, Counts(record.total, int(completed), int(failed))))
+    return data, more
+
+
+def _decoded(batch_id: str, raw: dict[bytes, bytes]) -> BatchRecord | None:
+    """A batch record from its hash; None for none (past its retention) or one unreadable."""
+    if not raw:
+        return None
+    try:
+        return BatchRecord.from_fields(raw)
+    except ProtocolError as e:
+        log.error("unreadable batch record", batch_id=batch_id, error=str(e))
+        return None
 
 
 def render(record: BatchRecord, counts: Counts) -> dict[str, Any]:

@@ -153,3 +153,13 @@ def test_waits_end_when_the_condition_holds_and_fail_when_the_process_dies() -> 
         wait_until(lambda: False, "a server", timeout_s=5, proc=dead)
     with pytest.raises(RuntimeError, match="never: not after 0 s"):
         wait_until(lambda: False, "never", timeout_s=0.01)
+
+
+def test_the_redis_faults_result_names_the_checkout_as_every_bench_does() -> None:
+    from bench import redis_faults
+    from bench.common import ROOT, git_revision
+
+    stamp = redis_faults.stamped([{"fault": "stall"}])
+    assert stamp["revision"] == f"{git_revision()} ({ROOT})"
+    assert stamp["results"] == [{"fault": "stall"}] and stamp["simulated_model"] is True
+    assert not hasattr(redis_faults, "revision")  # one way: bench.common's

@@ -4,8 +4,8 @@ the reply to its claim is lost: a running job is leased (``protocol.jobs``,
 worker's own name, is run again.
 
 Against the suite's real redis-server: the claim and renewal scripts themselves, a claim whose
-reply was lost (the record says "running" for this worker before it ever ran the job), and a
-worker process SIGKILLed in the middle of a job.
+reply was lost (the record says "running" for this worker before it ever ran the job), a
+worker process SIGKILLed in the middle of a job, and a job whose entry is dead-lettered.
 """
 
 from __future__ import annotations
@@ -22,7 +22,11 @@ import pytest
 import redis
 
 from protocol.jobs import CLAIM_SCRIPT, RENEW_SCRIPT
-from protocol.keys import Keys
+from protocol.keys import GROUP, Keys, Lane
+from protocol.messages import EVENT_STATUS_FIELD, JOB_EVENT_FIELD
+from protocol.registry import ModelMetadata, WorkerInfo
+from tests.integration.test_webhooks import HOOKS
+from tests.receiver import receiver
 from tests.support import sim_body, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -184,3 +188,61 @@ def test_a_job_left_running_by_a_lost_worker_past_its_deadline_ends_failed(stack
         done = _final(c, job_id)
     assert done["status"] == "failed", done
     assert "stopped renewing its lease" in done["error"]
+
+
+def _strand_with_a_ghost(s: Any, r: Any) -> None:
+    """Register the model with a worker that then stops, and a live-looking worker ("ghost")
+    that never reads: the gateway accepts jobs, and nothing runs them."""
+    keys = Keys(s.namespace)
+    first = s.add_worker(("sim",))
+    s.wait_ready("sim")
+    first.stop()
+    meta = ModelMetadata.decode(r.hget(keys.models, "sim"))
+    ghost = WorkerInfo(id="ghost", host="h", pid=1, started_ms=0, models=(meta,))
+    r.set(keys.worker("ghost"), ghost.encode())
+    r.zadd(keys.workers, {"ghost": 10**15})
+    s.wait_ready("sim")
+
+
+@pytest.fixture
+def hooks() -> Any:
+    with receiver() as rec:
+        yield rec
+
+
+@pytest.mark.parametrize("record", ["queued", "running"])
+def test_a_job_whose_entry_is_dead_lettered_ends_failed_with_its_event(stack, r, record, hooks):
+    """A job that kept crashing its workers: its entry is dead-lettered after
+    ``--max-deliveries``, and the job fails with that reason, whether its record was re-queued
+    (its last worker's lease lapsed) or still says running (its lease had not yet)."""
+    s = stack(workers=0, **HOOKS)
+    keys = Keys(s.namespace)
+    _strand_with_a_ghost(s, r)
+    stream = keys.stream("sim", Lane.LOW)  # where jobs queue
+    with s.client() as c:
+        r2 = c.post("/v2/models/sim/jobs", json=sim_body(1, webhook=hooks.url))
+        assert r2.status_code == 202, r2.text
+        job_id = r2.json()["id"]
+        wait_until(lambda: r.xlen(stream) >= 1, what="the job's entry queued")
+        r.xreadgroup(GROUP, "ghost", {stream: ">"}, count=10)
+        entry_id = r.xpending_range(stream, GROUP, "-", "+", 1)[0]["message_id"]
+        # As if it had crashed five workers already.
+        r.xclaim(stream, GROUP, "ghost", 0, [entry_id], retrycount=5, justid=True)
+        if record == "running":
+            r.hset(
+                keys.job(job_id),
+                mapping={"status": "running", "worker": "ghost", "lease_until_ms": 2**50},
+            )
+        worker = s.add_worker(("sim",), claim_idle_ms=100, max_deliveries=5)
+        done = _final(c, job_id)
+        assert done["status"] == "failed", done
+        assert "dead-letter" in done["error"], done
+        wait_until(lambda: len(hooks.accepted()) == 1, what="the webhook delivery")
+    assert r.xlen(keys.dlq("sim")) == 1
+    assert worker.backend("sim").calls == 0
+    events = r.xrange(keys.job_events)
+    mine = [f for _, f in events if f[JOB_EVENT_FIELD] == job_id.encode()]
+    assert mine[-1][EVENT_STATUS_FIELD] == b"failed"
+    (delivery,) = hooks.accepted()
+    assert delivery.headers["inferq-event"] == "failed"
+    assert delivery.json["status"] == "failed"

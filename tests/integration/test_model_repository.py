@@ -357,3 +357,35 @@ def test_expired_requests_count_as_failures(redis_url, namespace, tmp_path):
     finally:
         for thing in reversed(started):
             thing.stop()
+
+
+def test_a_model_named_stats_answers_on_every_path_but_the_bare_one_which_stays_tritons(
+    redis_url, namespace, tmp_path
+):
+    """``GET /v2/models/stats`` is the statistics of every model (Triton's, matched first, as
+    Triton does); a model named ``stats`` has all its other paths, its metadata included, at
+    ``/v2/models/stats/versions/{v}``."""
+    from tests.support import stacks, write_simulated_model
+
+    write_simulated_model(tmp_path, "stats", base_ms=1, per_row_ms=0, max_batch=8)
+    make, stop = stacks(redis_url, namespace, tmp_path)
+    try:
+        s = make(models=("stats",))
+        s.wait_ready("stats")
+        with s.client() as c:
+            assert c.post("/v2/models/stats/infer", json=sim_body(2)).status_code == 200
+            job = c.post("/v2/models/stats/jobs", json=sim_body(1))
+            assert job.status_code == 202, job.text
+            every = c.get("/v2/models/stats")
+            assert every.status_code == 200 and "model_stats" in every.json()
+            assert {m["name"] for m in every.json()["model_stats"]} == {"stats"}
+            meta = c.get("/v2/models/stats/versions/1")
+            assert meta.status_code == 200 and meta.json()["name"] == "stats", meta.text
+            assert c.get("/v2/models/stats/ready").status_code == 200
+            assert c.get("/v2/models/stats/versions/1/ready").status_code == 200
+            assert c.get("/v2/models/stats/config").json()["name"] == "stats"
+            own = c.get("/v2/models/stats/stats").json()["model_stats"]
+            assert [m["name"] for m in own] == ["stats"]
+            assert c.get("/v2/models/stats/versions/1/stats").status_code == 200
+    finally:
+        stop()
