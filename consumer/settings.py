@@ -12,7 +12,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from protocol.argtypes import non_negative_float, non_negative_int, port_or_off, positive_int
+from protocol.argtypes import (
+    non_negative_float,
+    non_negative_int,
+    port_or_off,
+    positive_float,
+    positive_int,
+)
 from protocol.options import option
 from runtime.settings import DEFAULT_HOST, ConnectionSettings
 
@@ -85,7 +91,14 @@ class WorkerSettings(ConnectionSettings):
         parse=non_negative_float,
         help="how often the worker refreshes its advertisement",
     )
-    worker_ttl_s: float = 10.0
+    worker_ttl_s: float = option(
+        10.0,
+        flag="--worker-ttl-s",
+        env="INFERQ_WORKER_TTL_S",
+        parse=positive_float,
+        help="a worker whose last heartbeat is older than this counts as gone (keep it a few "
+        "--heartbeat-s above the heartbeat)",
+    )
     """A worker whose heartbeat is older than this counts as gone."""
     block_ms: int = 2000
     """How long one blocking read waits before looping (not a latency: reads return at once

@@ -229,7 +229,14 @@ class GatewaySettings(ConnectionSettings):
     job_replica_wait_ms: int = 1000
     """Under ``job_durability = "replicated"``: how long a submission waits for a replica to
     confirm; unconfirmed, the job is cancelled and the client gets 503."""
-    stream_gauges_s: float = 5.0
+    stream_gauges_s: float = option(
+        5.0,
+        flag="--stream-gauges-s",
+        env="INFERQ_STREAM_GAUGES_S",
+        parse=positive_float,
+        help="how often the stream gauges of /metrics (length, lag, pending, live consumers) "
+        "are refreshed from Redis",
+    )
     """How often the stream gauges (length, lag, pending, ...) are refreshed from Redis."""
     admin_token: str | None = option(
         None,

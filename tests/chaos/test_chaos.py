@@ -481,9 +481,10 @@ def _rss_mb(pid: int) -> float:
 def test_three_times_overload_gets_successes_in_time_or_fast_refusals(
     workers, redis_url, namespace, chaos_repo, capsys
 ):
-    """20 s of open-loop load at 3x what one worker can serve, 500 ms deadlines: every answer is
-    a correct success within its deadline or a fast 429/503; the gateway's memory stays
-    bounded."""
+    """10 s of open-loop load at 3x what one worker can serve (over 4,000 requests), 500 ms
+    deadlines: every answer is a correct success within its deadline or a fast 429/503; the
+    gateway's memory stays bounded. The queue reaches the 500 ms of wait at which admission
+    refuses within the first second; every later second is the same steady overload."""
     from inferq.redisserver import free_port
 
     chaos_repo.add("overload", base_ms=50, per_row_ms=1, max_batch=8)
@@ -493,7 +494,7 @@ def test_three_times_overload_gets_successes_in_time_or_fast_refusals(
         workers.start("overload")
         wait_until(lambda: _ready(port), 30, "the gateway to be ready")
         capacity = 8 / 0.058  # rows per batch / batch time
-        rate, seconds, deadline_s = 3 * capacity, 20.0, 0.5
+        rate, seconds, deadline_s = 3 * capacity, 10.0, 0.5
         tally = Tally()
         latency: dict[int, float] = {}
         rss_start = _rss_mb(gateway.pid)

@@ -19,6 +19,10 @@ from runtime.connections import RedisSettings
 from tests.support import Stack, wait_until
 
 WEDGE_S = 2.0
+POOL_WAIT_S = 1.0
+"""The pool's wait for a free connection (``socket_timeout_s``, 5 s by default): each check of
+the watch waits this long before its PING fails with "No connection available", and the watch
+needs two failing checks, so a shorter wait ends the test sooner and tests the same thing."""
 
 
 def strand_the_pool(loop: asyncio.AbstractEventLoop, commands: Any, size: int) -> list[Any]:
@@ -37,7 +41,9 @@ def test_a_gateway_with_an_exhausted_pool_is_unready_and_ends_itself(
     try:
         s = Stack(redis_url, namespace, model_repo, started)
         s.add_worker(("sim",))
-        g = s.start_gateway(redis_wedge_s=WEDGE_S)
+        g = s.start_gateway(
+            redis=RedisSettings(redis_url, socket_timeout_s=POOL_WAIT_S), redis_wedge_s=WEDGE_S
+        )
         s.wait_ready("sim")
         gateway = g.gateway
         assert g._loop is not None
@@ -64,7 +70,7 @@ def test_a_worker_with_an_exhausted_pool_ends_itself(redis_url, namespace, model
     async def go() -> None:
         worker = Worker(
             WorkerSettings(
-                redis=RedisSettings(redis_url),
+                redis=RedisSettings(redis_url, socket_timeout_s=POOL_WAIT_S),
                 namespace=namespace,
                 model_repository=model_repo,
                 models=("sim",),

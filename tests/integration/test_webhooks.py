@@ -201,18 +201,23 @@ def _ready(c: httpx.Client) -> bool:
         return False
 
 
+RECLAIM_S = 15.0
+
+
 def test_a_gateway_that_stops_hands_its_deliveries_to_another_at_once(stack, hooks, redis_url):
-    s = stack(models=("sim",), **{**HOOKS, "webhook_reclaim_s": 30.0})
+    s = stack(models=("sim",), **{**HOOKS, "webhook_reclaim_s": RECLAIM_S})
     first = s.gateway
     hooks.hold = True
     with s.client() as c:
         submit(c, "sim", sim_body(1, webhook=hooks.url))
         wait_until(lambda: len(hooks.received) == 1, what="the delivery under way")
-    # The other gateway ticks every 10 s; a dead gateway's entries would wait 30 s for it.
-    s.start_gateway(**{**HOOKS, "webhook_reclaim_s": 30.0})
+    # The other gateway ticks every RECLAIM_S / 3 (5 s): a handed-over delivery goes at that
+    # tick. One not handed over would wait until it had been idle for RECLAIM_S, at least
+    # 10 s after the stop (its holder renewed it at most one tick before), past the wait here.
+    s.start_gateway(**{**HOOKS, "webhook_reclaim_s": RECLAIM_S})
     assert first is not None
     first.stop()
-    wait_until(lambda: len(hooks.received) == 2, timeout_s=15, what="the other gateway")
+    wait_until(lambda: len(hooks.received) == 2, timeout_s=9, what="the other gateway")
     hooks.release()
     wait_until(lambda: settled(redis_url, s.namespace), what="the delivery done with")
 
