@@ -31,9 +31,7 @@ import argparse
 import contextlib
 import itertools
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -51,16 +49,14 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import (
-    ROOT,
+    Service,
     digits_body,
     infer_request,
     markdown_table,
     model_repository,
     save,
     wait_for_quiet,
-    wait_ready,
 )
-from inferq.redisserver import RedisServer, free_port
 from loadgen.http import run as run_loop
 from loadgen.loop import LoadOptions
 from loadgen.open import run_open_loop
@@ -82,56 +78,43 @@ def _ts(record: dict[str, Any]) -> float:
     return datetime.fromisoformat(str(record["timestamp"]).replace("Z", "+00:00")).timestamp()
 
 
-class Up:
-    """``inferq up`` on a private Redis, its JSON log records kept (its children's too)."""
+class Up(Service):
+    """``bench.common.Service`` serving ``repo`` with info logs, its JSON log records (its
+    children's too) read back from the file its processes write them to."""
 
-    def __init__(self, repo: Path, *flags: str) -> None:
-        self.redis = RedisServer()
-        self.repo, self.flags = repo, flags
-        self.port = free_port()
-        self.records: list[dict[str, Any]] = []
-        self.proc: subprocess.Popen[str] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> Up:
-        self.redis.start()
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "inferq",
-                "up",
-                "--redis",
-                self.redis.url,
-                "--port",
-                str(self.port),
-                "--grpc-port",
-                "0",
-                "--metrics-port",
-                "0",
-                "--log-level",
-                "info",
-                "--model-repository",
-                str(self.repo),
-                *self.flags,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"},
+    def __init__(self, repo: Path, *flags: str, workers: str) -> None:
+        self._logs = Path(tempfile.mkdtemp(prefix="inferq-bench-autoscale-"))
+        log = self._logs / "up.log"
+        super().__init__(
+            "--model-repository",
+            str(repo),
+            "--log-level",
+            "info",
+            *flags,
+            workers=workers,
+            env={"PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=log,
         )
-        threading.Thread(target=self._read, daemon=True).start()
-        wait_ready(self.url, timeout_s=120)
-        return self
+        self._log = log
+        self._read_to = 0
+        self.records: list[dict[str, Any]] = []
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            shutil.rmtree(self._logs, ignore_errors=True)
 
     def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
+        """Decode the records of the lines written since the last call (whole lines only)."""
+        with self._log.open("rb") as fh:
+            fh.seek(self._read_to)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self._read_to += len(complete)
         decoder = json.JSONDecoder()
-        for line in self.proc.stdout:
+        for line in complete.decode(errors="replace").splitlines():
             pos = line.find("{")
             while pos != -1:
                 try:
@@ -141,17 +124,8 @@ class Up:
                 self.records.append(doc)
                 pos = line.find("{", end)
 
-    def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.redis.stop()
-
     def events(self, name: str, after: float = 0.0, **match: object) -> list[dict[str, Any]]:
+        self._read()
         return [
             r
             for r in list(self.records)
@@ -177,7 +151,7 @@ class Up:
                         out[int(entry.name)] = role.decode()
         return out
 
-    def workers(self) -> int:
+    def live_workers(self) -> int:
         return sum(1 for role in self.children().values() if role == "worker")
 
     def rss_mib(self) -> dict[str, float]:
@@ -258,7 +232,7 @@ class ConnectWatch:
 def one_cold_start(up: Up, path: str, body: dict[str, Any], stops: int) -> dict[str, float]:
     """Once the stack is at zero (``stops`` workers stopped so far), one request, timed."""
     wait(lambda: len(up.events("child stopped")) == stops, "the stack at zero")
-    wait(lambda: up.workers() == 0 and not up.worker_connected(), "no worker")
+    wait(lambda: up.live_workers() == 0 and not up.worker_connected(), "no worker")
     time.sleep(0.5)  # idle for real: no process of the last round still exiting
     with ConnectWatch(up) as connect:
         t0 = time.time()
@@ -276,10 +250,10 @@ def one_cold_start(up: Up, path: str, body: dict[str, Any], stops: int) -> dict[
 
 def cold_starts(repo: Path, model: str, body: dict[str, Any], rounds: int) -> dict[str, Any]:
     path = f"/v2/models/{model}/infer"
-    flags = ("--models", model, "--workers", "0:1", "--scale-down-after-s", "1")
+    flags = ("--models", model, "--scale-down-after-s", "1")
     rows: list[dict[str, float]] = []
     warm: list[float] = []
-    with Up(repo, *flags, "--scale-interval-s", "0.2") as up:
+    with Up(repo, *flags, "--scale-interval-s", "0.2", workers="0:1") as up:
         for i in range(rounds):
             rows.append(one_cold_start(up, path, body, stops=i + 1))
             warm.append(post(up.url, path, body)[1])
@@ -310,7 +284,7 @@ class WorkerSeconds:
     def _run(self) -> None:
         last = time.monotonic()
         while not self._stop.is_set():
-            n = self.up.workers()
+            n = self.up.live_workers()
             now = time.monotonic()
             self.total += n * (now - last)
             self.peak = max(self.peak, n)
@@ -332,8 +306,6 @@ def bursty(repo: Path, workers: str, schedule: str, tail_s: float, *extra: str) 
         *extra,
         "--models",
         "sim",
-        "--workers",
-        workers,
         "--scale-down-after-s",
         "5",
         "--scale-backlog-per-worker",
@@ -343,11 +315,11 @@ def bursty(repo: Path, workers: str, schedule: str, tail_s: float, *extra: str) 
     )
     rate = RateSchedule.parse(schedule)
     request = infer_request("sim", SIM_BODY)
-    with Up(repo, *flags) as up:
+    with Up(repo, *flags, workers=workers) as up:
         if workers.startswith("0:"):
-            wait(lambda: up.workers() == 0, "the stack at zero")
+            wait(lambda: up.live_workers() == 0, "the stack at zero")
         else:
-            wait(lambda: up.workers() == int(workers), "every worker")
+            wait(lambda: up.live_workers() == int(workers), "every worker")
         time.sleep(1.0)
         with WorkerSeconds(up).running() as used:
             result = run_loop(
@@ -389,10 +361,10 @@ def bursty(repo: Path, workers: str, schedule: str, tail_s: float, *extra: str) 
 
 
 def idle_memory(repo: Path, workers: str) -> dict[str, Any]:
-    flags = ("--models", "digits", "--workers", workers, "--scale-down-after-s", "2")
-    with Up(repo, *flags) as up:
+    flags = ("--models", "digits", "--scale-down-after-s", "2")
+    with Up(repo, *flags, workers=workers) as up:
         if workers.startswith("0:"):
-            wait(lambda: up.workers() == 0, "the stack at zero")
+            wait(lambda: up.live_workers() == 0, "the stack at zero")
         else:
             wait(
                 lambda: len(up.events("worker started")) == int(workers),

@@ -132,15 +132,19 @@ class Service:
     def __init__(
         self,
         *extra: str,
-        workers: int = 1,
+        workers: int | str = 1,
         root: Path = ROOT,
         env: dict[str, str] | None = None,
         stdout: Path | None = None,
+        stderr: Path | None = None,
     ) -> None:
-        """``root``: the checkout whose code runs (another revision's, for an A/B run); ``env``:
-        variables added to its environment; ``stdout``: a file its processes append to."""
+        """``workers``: N, or MIN:MAX to scale; ``root``: the checkout whose code runs (another
+        revision's, for an A/B run); ``env``: variables added to its environment; ``stdout``,
+        ``stderr``: files its processes append to (the same file for both: one stream of
+        lines; its JSON logs are on stderr)."""
         self.env = env or {}
         self.stdout = stdout
+        self.stderr = stderr
         self.redis = RedisServer()
         self.root = root
         self.port = free_port()
@@ -158,6 +162,9 @@ class Service:
     def __enter__(self) -> Service:
         self.redis.start()
         out = self.stdout.open("ab") if self.stdout else None
+        err = out if self.stderr == self.stdout else None
+        if err is None and self.stderr is not None:
+            err = self.stderr.open("ab")
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -185,11 +192,13 @@ class Service:
                 *self.extra,
             ],
             stdout=out or subprocess.DEVNULL,
+            stderr=err,
             cwd=self.root,
             env={**os.environ, **self.env, "PYTHONPATH": str(self.root)},
         )
-        if out is not None:
-            out.close()  # the processes hold their own copies
+        for f in (out, err):  # the processes hold their own copies
+            if f is not None:
+                f.close()
         try:
             wait_ready(self.url, proc=self.proc)
         except RuntimeError:

@@ -79,6 +79,27 @@ end
 redis.call('SET', KEYS[1], 'loading:' .. ARGV[1], 'PX', ARGV[2])
 return 1
 """
+UNREAD_SCRIPT = """
+-- KEYS: request streams. ARGV[1]: their consumer group. One item per stream: the id of its
+-- oldest entry the group has not read ('' when none; any entry when it has no such group).
+local firsts = {}
+for i, key in ipairs(KEYS) do
+  local first = ''
+  local groups = redis.pcall('XINFO', 'GROUPS', key)
+  if type(groups) == 'table' and not groups.err then
+    local start = '-'
+    for _, g in ipairs(groups) do
+      local info = {}
+      for j = 1, #g, 2 do info[g[j]] = g[j + 1] end
+      if info['name'] == ARGV[1] then start = '(' .. info['last-delivered-id'] end
+    end
+    local entries = redis.call('XRANGE', key, start, '+', 'COUNT', 1)
+    if #entries > 0 then first = entries[1][1] end
+  end
+  firsts[i] = first
+end
+return firsts
+"""
 _ERRORS: tuple[type[BaseException], ...] = (*RETRYABLE, LagError)
 
 
@@ -146,6 +167,7 @@ class OnDemand:
         self._failed_at: dict[str, float] = {}
         self._unloaded_at: dict[str, float] = {}
         self._claim_script = broker.script(CLAIM_SCRIPT)
+        self._unread_script = broker.script(UNREAD_SCRIPT)
         self._hints = hints
         self._hint_id = "$"
         self._hinted: set[str] = set()
@@ -185,7 +207,7 @@ class OnDemand:
                 holders = await self._holders()
             held = name in holders
             if held:
-                waited = await self._oldest_unread_ms(name, candidates[name])
+                waited = await self.oldest_unread_ms(name, candidates[name])
                 if waited < self._load_after_ms:
                     continue
                 reason = f"its oldest request waited {waited} ms on the workers that hold it"
@@ -318,31 +340,21 @@ class OnDemand:
             held.update(m.name for m in info.models if m.versions)
         return held
 
-    async def _oldest_unread_ms(self, name: str, partitions: int) -> int:
-        """How long the model's oldest unread entry has waited (0 when none is unread)."""
+    async def oldest_unread_ms(self, name: str, partitions: int) -> int:
+        """How long the model's oldest unread entry (one its group has not read) has waited, in
+        Redis-clock ms; 0 when none is unread. One round trip: ``UNREAD_SCRIPT`` once per hash
+        slot of its streams (a cluster's partitions may lie on several nodes)."""
         streams = [
             self._keys.stream(name, lane, p)
             for p in range(partitions)
             for lane in LANES_BY_PRIORITY
         ]
-        pipe = self._redis.pipeline(transaction=False)
-        for stream in streams:
-            pipe.xinfo_groups(stream)
-        groups = await pipe.execute(raise_on_error=False)
-        pipe = self._redis.pipeline(transaction=False)
-        for stream, reply in zip(streams, groups, strict=True):
-            last = "-"
-            if isinstance(reply, list):
-                for g in reply:
-                    if text(g.get("name", b"")) == GROUP:
-                        last = "(" + text(g.get("last-delivered-id", b"0-0"))
-            pipe.xrange(stream, min=last, max="+", count=1)
-        firsts = await pipe.execute(raise_on_error=False)
+        firsts = await self._unread_script.per_key(streams, [GROUP])
         now_ms = self._ctx.clock.now_ms()
         waited = 0
         for first in firsts:
-            if isinstance(first, list) and first:
-                entry_ms = int(text(first[0][0]).split("-")[0])
+            if first:
+                entry_ms = int(text(first).split("-")[0])
                 waited = max(waited, now_ms - entry_ms)
         return waited
 

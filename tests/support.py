@@ -33,6 +33,15 @@ from protocol.tensor import Tensor
 from runtime.connections import RedisSettings
 
 START_TIMEOUT_S = 20.0
+CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def checkout_env(**extra: str) -> dict[str, str]:
+    """This process's environment, plus ``extra``, for a subprocess that must run this
+    checkout's code whatever its working directory: the checkout comes first on
+    ``PYTHONPATH`` (the editable install may point at another worktree)."""
+    path = os.pathsep.join(p for p in (str(CHECKOUT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def free_port_pair() -> int:

@@ -1,5 +1,6 @@
 """A real ``inferq up`` in a subprocess, for the tests of supervision and the chaos suite: every
-line it prints is kept, and its JSON log records (its children's too) are decoded."""
+line it prints is kept (stdout and stderr apart, and both together), and its JSON log records
+(its children's too) are decoded."""
 
 from __future__ import annotations
 
@@ -8,29 +9,41 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from inferq.redisserver import free_port
-from tests.support import wait_until
+
+TAIL_LINES = 30
+"""How many of the last lines of each stream a failed ``wait_for`` shows."""
 
 
 class UpProcess:
-    """A running ``inferq up``; every line it prints is kept, JSON log lines decoded."""
+    """A running ``inferq up``; every line it prints is kept, JSON log lines decoded.
+    ``lines`` holds both streams in the order they were read, ``stdout``/``stderr`` each one."""
 
     def __init__(self, proc: subprocess.Popen[str], port: int, namespace: str) -> None:
         self.proc, self.port, self.namespace = proc, port, namespace
         self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        assert proc.stdout is not None and proc.stderr is not None
+        self._readers = [
+            threading.Thread(target=self._read, args=(proc.stdout, self.stdout), daemon=True),
+            threading.Thread(target=self._read, args=(proc.stderr, self.stderr), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
 
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        with self.proc.stdout:
-            for line in self.proc.stdout:
-                self.lines.append(line.rstrip("\n"))
+    def _read(self, pipe: IO[str], into: list[str]) -> None:
+        with pipe:
+            for line in pipe:
+                line = line.rstrip("\n")
+                into.append(line)
+                self.lines.append(line)
 
     @property
     def url(self) -> str:
@@ -68,7 +81,31 @@ class UpProcess:
         return int(started[-1]["pid"])
 
     def wait_for(self, condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
-        wait_until(condition, timeout_s, f"{what}; inferq up printed:\n" + "\n".join(self.lines))
+        """Poll ``condition`` until it holds; fail after ``timeout_s``, or as soon as the
+        process has exited without it holding, saying what was awaited, the exit status and
+        the last lines of its stdout and stderr (as they were at the failure)."""
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if self.proc.poll() is not None:
+                self.join()  # what it printed last may decide the condition
+                if condition():
+                    return
+                raise AssertionError(self._failure(f"inferq up exited while waiting for {what}"))
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    self._failure(f"timed out after {timeout_s} s waiting for {what}")
+                )
+            time.sleep(0.005)
+
+    def _failure(self, headline: str) -> str:
+        code = self.proc.poll()
+        status = "still running" if code is None else f"exit status {code}"
+        parts = [f"{headline} ({status})"]
+        for name, lines in (("stdout", self.stdout), ("stderr", self.stderr)):
+            tail = list(lines)[-TAIL_LINES:]
+            shown = "\n".join(tail) if tail else "(nothing)"
+            parts.append(f"last {len(tail)} of {len(lines)} lines of {name}:\n{shown}")
+        return "\n".join(parts)
 
     def wait_ready(self) -> None:
         self.wait_for(lambda: any(x.startswith("inferq is serving") for x in self.lines), "ready")
@@ -83,7 +120,8 @@ class UpProcess:
 
     def join(self) -> None:
         """Until everything it printed has been read (after it exited)."""
-        self._reader.join(10)
+        for reader in self._readers:
+            reader.join(10)
 
 
 @contextmanager
@@ -125,7 +163,7 @@ def up_processes(
                 *extra,
             ],
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             text=True,
         )
         u = UpProcess(proc, port, namespace)

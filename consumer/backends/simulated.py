@@ -27,6 +27,7 @@ import numpy as np
 
 from consumer.backends.base import Arrays, BackendError, zeros_like_spec
 from consumer.repository import ModelConfig
+from protocol.exits import EXIT_LOOP_FAILED
 from protocol.tensor import DTYPES
 
 
@@ -57,7 +58,9 @@ class SimulatedBackend:
         rows = int(first.shape[0])
         crash = self.config.simulated.crash_value
         if crash is not None and bool((first == crash).any()):
-            os._exit(70)  # no cleanup, no reply, no ack: exactly what a native crash leaves
+            # No cleanup, no reply, no ack: exactly what a native crash leaves; the status the
+            # supervisor restarts a process for.
+            os._exit(EXIT_LOOP_FAILED)
         with self._lock:
             self.calls += 1
             fail = self._random.random() < self.config.simulated.failure_rate

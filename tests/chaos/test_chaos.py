@@ -20,6 +20,7 @@ import pytest
 import redis
 
 from loadgen.http import HTTPClientError, HTTPConnection
+from protocol.exits import EXIT_LOOP_FAILED
 from protocol.keys import GROUP, Keys, Lane
 from tests.chaos.accounting import Tally, held_by, pending, request_body
 from tests.chaos.conftest import live_workers
@@ -281,7 +282,7 @@ def test_a_request_that_crashes_every_worker_is_dead_lettered_and_the_rest_answe
             return r.status, r.json()["error"]
 
     status, error = asyncio.run(scenario())
-    crashed = sum(1 for p in procs if p.poll() == 70)
+    crashed = sum(1 for p in procs if p.poll() == EXIT_LOOP_FAILED)
     with redis.Redis.from_url(redis_url) as r:
         dead = r.xlen(keys.dlq("crashy"))
     tally.count_executions(chaos_repo.runs("crashy"))

@@ -1,11 +1,13 @@
 """The on-demand loop against a real redis-server, with a stand-in worker: a model whose
 requests wait is loaded; one whose load failed is tried again only after ``RETRY_FAILED_S``;
 one an administrator unloaded (its load refused, ``WITHDRAWN``) is looked at again at the next
-look, so that its next load call serves the requests that follow at once."""
+look, so that its next load call serves the requests that follow at once; how long a model's
+oldest unread request has waited is read on one Redis and on a cluster alike."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +19,7 @@ from protocol.messages import FIELD
 from runtime.broker import connect
 from runtime.connections import RedisSettings
 from tests.consumer.support import worker_context
+from tests.kinds import RedisUnderTest
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +94,37 @@ def test_a_load_refused_because_an_administrator_unloaded_it_is_no_failure(r, re
     host = Host(Loaded.WITHDRAWN, Loaded.SERVING)
     looks(redis_url, namespace, host, 2)
     assert host.asked == ["m", "m"]  # the refused load gave its claim up, too
+
+
+def test_the_oldest_unread_request_counts_on_any_partition_and_lane_read_ones_do_not(
+    either_redis: RedisUnderTest, namespace: str
+) -> None:
+    """Partitions 0 and 1 hash to different slots (on a cluster, often different nodes)."""
+    keys, now = Keys(namespace), int(time.time() * 1000)
+    first, second = keys.stream("m", Lane.NORMAL, 0), keys.stream("m", Lane.HIGH, 1)
+    with either_redis.client() as r:
+        for stream in (first, second, keys.stream("done", Lane.LOW)):
+            r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        r.xadd(first, {FIELD: b"read"}, id=f"{now - 9000}-0")
+        r.xreadgroup(GROUP, "w", {first: ">"}, count=1)
+        r.xadd(first, {FIELD: b"x"}, id=f"{now - 2000}-0")
+        r.xadd(second, {FIELD: b"x"}, id=f"{now - 6000}-0")
+        r.xadd(keys.stream("done", Lane.LOW), {FIELD: b"read"}, id=f"{now - 9000}-0")
+        r.xreadgroup(GROUP, "w", {keys.stream("done", Lane.LOW): ">"})
+
+    async def go() -> tuple[int, int, int]:
+        broker = await connect(RedisSettings(url=either_redis.url), name="on-demand")
+        try:
+            on_demand = OnDemand(worker_context(namespace, load="on-demand"), broker, Host())
+            return (
+                await on_demand.oldest_unread_ms("m", 2),
+                await on_demand.oldest_unread_ms("done", 1),
+                await on_demand.oldest_unread_ms("nothing", 3),
+            )
+        finally:
+            await broker.aclose()
+
+    waited, done, nothing = asyncio.run(go())
+    assert 6000 <= waited < 9000
+    assert done == 0
+    assert nothing == 0

@@ -18,7 +18,7 @@ import pytest
 from inferq.cli import build_parser, main
 from inferq.gateways import gateway_specs
 from inferq.redisserver import free_port
-from tests.support import missing
+from tests.support import checkout_env, missing
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -156,9 +156,8 @@ def _processes_mentioning(text: str, where: str = "cmdline") -> list[int]:
 
 
 def _env() -> dict[str, str]:
-    env = dict(os.environ)
+    env = checkout_env(PYTHONUNBUFFERED="1")  # they run in tmp_path: the checkout's code
     env.pop("INFERQ_REDIS_URL", None)
-    env["PYTHONUNBUFFERED"] = "1"
     return env
 
 

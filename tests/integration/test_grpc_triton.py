@@ -23,7 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from inferq.redisserver import RedisServer, free_port
 from protocol.keys import Keys, Lane
-from tests.support import wait_until
+from tests.support import checkout_env, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -85,8 +85,8 @@ def up(redis_server: RedisServer, model_repo: Path, tmp_path_factory) -> Iterato
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", "INFERQ_ADMIN_TOKEN": TOKEN},
-        cwd=tmp_path_factory.mktemp("up"),
+        env=checkout_env(PYTHONUNBUFFERED="1", INFERQ_ADMIN_TOKEN=TOKEN),
+        cwd=tmp_path_factory.mktemp("up"),  # nothing it writes lands in the checkout
     )
     output: list[str] = []
     serving = threading.Event()
