@@ -47,3 +47,5 @@ def test_a_wait_on_a_silent_process_still_says_what_it_waited_for():
 def test_a_wait_sees_the_last_line_a_process_printed_before_it_exited():
     u = process("print('inferq is serving')")
     u.wait_for(lambda: "inferq is serving" in u.stdout, "the line", timeout_s=10)
+    assert u.proc.wait(10) == 0  # reaped: an unreaped Popen warns when it is collected
+    u.join()

@@ -146,11 +146,9 @@ def up_processes(
                 namespace,
                 "--port",
                 str(port),
-                # Its own gRPC port: the default (8001) may be held by anything else running here.
-                "--grpc-port",
-                str(free_port()),
                 "--model-repository",
                 str(repo),
+                # No gRPC (these tests are HTTP's): the default 8001 may be held by anything else.
                 "--grpc-port",
                 "0",
                 "--metrics-port",
