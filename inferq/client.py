@@ -23,9 +23,9 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
 import httpx
 import numpy as np
@@ -241,7 +241,246 @@ def _headers(webhook: str | None, webhook_events: Iterable[str] | None) -> dict[
     return out
 
 
-# -- the sync client ------------------------------------------------------------------------
+# -- the operations, sans I/O (shared by both clients) ---------------------------------------
+#
+# Each operation is written once, as a generator: it yields a ``Call`` (an HTTP request to send)
+# or a ``Sleep`` (a pause) and is sent back the ``httpx.Response`` (or thrown the
+# ``httpx.TransportError``); what it returns is the operation's result. ``Client._run`` and
+# ``AsyncClient._run`` are the only places that send and sleep, one with httpx.Client and
+# time.sleep, the other with httpx.AsyncClient and asyncio.sleep.
+
+LOST_CONNECTION_RETRY_S = 0.5
+"""The pause before an idempotent call is sent again after a lost connection."""
+LONG_POLL_S = 30.0
+"""The longest ``wait`` one job long poll asks the gateway for."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One HTTP request, as data."""
+
+    method: str
+    path: str
+    params: Mapping[str, Any] | None = None
+    headers: Mapping[str, str] | None = None
+    content: bytes | None = None
+    timeout: Any = httpx.USE_CLIENT_DEFAULT
+
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``httpx.Client.request`` (and ``stream``) for it."""
+        return {
+            "params": self.params,
+            "headers": self.headers,
+            "content": self.content,
+            "timeout": self.timeout,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """A pause of ``seconds`` before the next call."""
+
+    seconds: float
+
+
+T = TypeVar("T")
+Op: TypeAlias = Generator[Call | Sleep, Any, T]
+"""An operation: yields calls and pauses, is sent each call's response, returns its result."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stream:
+    """A streamed GET: its call, and how each line of its body is read (None: skip the line)."""
+
+    call: Call
+    parse: Callable[[str], dict[str, Any] | None]
+
+    @staticmethod
+    def opened(response: httpx.Response) -> bool:
+        """Whether the answer (its body read if it is an error) has lines to read: False on
+        204, InferqError on 4xx/5xx."""
+        if response.status_code >= 400:
+            read_response(response)
+        return response.status_code != 204
+
+
+def event_stream(path: str, last_event_id: str | None) -> Stream:
+    """The server-sent events at ``path``, after ``last_event_id``; never timed out."""
+    headers = {"last-event-id": last_event_id} if last_event_id else {}
+    return Stream(Call("GET", path, headers=headers, timeout=None), EventParser().feed)
+
+
+def _json_line(line: str) -> dict[str, Any] | None:
+    return json.loads(line) if line.strip() else None
+
+
+def retried(call: Call, retries: int) -> Op[httpx.Response]:
+    """``call``'s response, sent again after ``Retry-After`` while the gateway asks to retry
+    (``retries`` times at most)."""
+    for _ in range(retries):
+        response: httpx.Response = yield call
+        wait = retry_after_s(response)
+        if wait is None:
+            return response
+        yield Sleep(wait)
+    last: httpx.Response = yield call
+    return last
+
+
+def idempotent(call: Call, retries: int) -> Op[httpx.Response]:
+    """``retried``, and also sent again after a lost connection: for a call that carries an
+    Idempotency-Key, so that a repeat can never run it twice."""
+    for _ in range(retries):
+        try:
+            return (yield from retried(call, retries))
+        except httpx.TransportError:
+            yield Sleep(LOST_CONNECTION_RETRY_S)
+    return (yield from retried(call, retries))
+
+
+def document(call: Call, retries: int) -> Op[dict[str, Any]]:
+    """The JSON document ``call`` answers (retried); InferqError for 4xx/5xx."""
+    doc, _ = read_response((yield from retried(call, retries)))
+    return doc
+
+
+def infer_op(
+    retries: int,
+    model: str,
+    inputs: Inputs,
+    version: str | None,
+    binary: bool,
+    outputs: Iterable[str] | None,
+    parameters: Mapping[str, Any] | None,
+) -> Op[InferResult]:
+    body, headers = infer_body(inputs, binary=binary, outputs=outputs, parameters=parameters)
+    call = Call("POST", _model_path(model, version) + "/infer", headers=headers, content=body)
+    return read_result(*read_response((yield from retried(call, retries))))
+
+
+def submit_op(
+    retries: int,
+    model: str,
+    inputs: Inputs,
+    version: str | None,
+    binary: bool,
+    parameters: Mapping[str, Any] | None,
+    idempotency_key: str | None,
+    webhook: str | None,
+    webhook_events: Iterable[str] | None,
+) -> Op[dict[str, Any]]:
+    """The new job's document."""
+    body, headers = infer_body(inputs, binary=binary, parameters=parameters)
+    headers["idempotency-key"] = idempotency_key or uuid.uuid4().hex
+    headers.update(_headers(webhook, webhook_events))
+    call = Call("POST", _model_path(model, version) + "/jobs", headers=headers, content=body)
+    doc, _ = read_response((yield from idempotent(call, retries)))
+    return doc
+
+
+def batch_op(
+    retries: int,
+    lines: Iterable[Mapping[str, Any] | bytes | str],
+    model: str | None,
+    completion_window: str | None,
+    metadata: Mapping[str, str] | None,
+    webhook: str | None,
+    webhook_events: Iterable[str] | None,
+) -> Op[dict[str, Any]]:
+    """The new batch's document."""
+    call = Call(
+        "POST",
+        "/v2/batches",
+        params=batch_params(model, completion_window, metadata),
+        headers={"content-type": "application/jsonl", **_headers(webhook, webhook_events)},
+        content=batch_body(lines),
+    )
+    return (yield from document(call, retries))
+
+
+class _Handle:
+    """What a job or batch handle is, sync or async: its client, id, path and last document
+    read; its operations update ``last``."""
+
+    _PREFIX = ""
+
+    def __init__(self, client: Any, ident: str, doc: dict[str, Any]) -> None:
+        self.client, self.id, self.last = client, ident, doc
+
+    @property
+    def _path(self) -> str:
+        return f"{self._PREFIX}/{self.id}"
+
+    def _read(self, call: Call) -> Op[dict[str, Any]]:
+        self.last = yield from document(call, self.client.retries)
+        return self.last
+
+    def _events(self, last_event_id: str | None) -> Stream:
+        return event_stream(f"{self._path}/events", last_event_id)
+
+
+class _JobOps(_Handle):
+    _PREFIX = "/v2/jobs"
+
+    def _status(self, wait_s: float) -> Op[dict[str, Any]]:
+        return self._read(Call("GET", self._path, params={"wait": wait_s}))
+
+    def _result(self, timeout: float | None) -> Op[InferResult]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = LONG_POLL_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"job {self.id} did not end within {timeout} s")
+            call = Call("GET", self._path, params={"wait": min(left, LONG_POLL_S)})
+            doc, blobs = read_response((yield from retried(call, self.client.retries)))
+            self.last = doc
+            if doc["status"] == "succeeded":
+                return read_result(doc["result"], blobs)
+            if doc["status"] in FINAL_JOB:
+                raise InferqError(500, f"job {self.id} {doc['status']}: {doc.get('error', '')}")
+
+    def _cancel(self) -> Op[dict[str, Any]]:
+        return self._read(Call("DELETE", self._path))
+
+
+class _BatchOps(_Handle):
+    _PREFIX = "/v2/batches"
+
+    def _status(self) -> Op[dict[str, Any]]:
+        return self._read(Call("GET", self._path))
+
+    def _wait(
+        self,
+        timeout: float | None,
+        progress: Callable[[dict[str, Any]], None] | None,
+        poll_s: float,
+    ) -> Op[dict[str, Any]]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            doc = yield from self._status()
+            if progress is not None:
+                progress(doc)
+            if doc["status"] in FINAL_BATCH:
+                return doc
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"batch {self.id} did not end within {timeout} s")
+            yield Sleep(poll_s)
+
+    def _lines(self, part: str) -> Stream:
+        return Stream(Call("GET", f"{self._path}/{part}"), _json_line)
+
+    def _cancel(self) -> Op[dict[str, Any]]:
+        return self._read(Call("POST", f"{self._path}/cancel"))
+
+    def _delete(self) -> Op[dict[str, Any]]:
+        return document(Call("DELETE", self._path), self.client.retries)
+
+
+def _model_path(model: str, version: str | None) -> str:
+    return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+
+
+# -- the sync client: sends and sleeps -------------------------------------------------------
 
 
 class Client:
@@ -269,19 +508,41 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One call, retried after ``Retry-After`` while the gateway asks to retry."""
-        for _ in range(self.retries):
-            response = self.http.request(method, path, **kwargs)
-            wait = retry_after_s(response)
-            if wait is None:
-                return response
-            self._sleep(wait)
-        return self.http.request(method, path, **kwargs)
+    def _run(self, op: Op[T]) -> T:
+        """Drive ``op``: send its calls, sleep its pauses, hand it each answer or lost
+        connection."""
+        reply: httpx.Response | None = None
+        lost: httpx.TransportError | None = None
+        while True:
+            try:
+                step = op.send(reply) if lost is None else op.throw(lost)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, lost = None, None
+            if isinstance(step, Sleep):
+                self._sleep(step.seconds)
+                continue
+            try:
+                reply = self.http.request(step.method, step.path, **step.options())
+            except httpx.TransportError as e:
+                lost = e
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        doc, _ = read_response(self.request(method, path, **kwargs))
-        return doc
+    def _stream(self, stream: Stream) -> Iterator[dict[str, Any]]:
+        call = stream.call
+        with self.http.stream(call.method, call.path, **call.options()) as response:
+            if response.status_code >= 400:
+                response.read()
+            if not stream.opened(response):
+                return
+            for line in response.iter_lines():
+                item = stream.parse(line)
+                if item is not None:
+                    yield item
+
+    def request(self, method: str, path: str, **call: Any) -> httpx.Response:
+        """One call (``params``, ``headers``, ``content``, ``timeout``), retried after
+        ``Retry-After`` while the gateway asks to retry."""
+        return self._run(retried(Call(method, path, **call), self.retries))
 
     def infer(
         self,
@@ -293,10 +554,9 @@ class Client:
         outputs: Iterable[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
     ) -> InferResult:
-        body, headers = infer_body(inputs, binary=binary, outputs=outputs, parameters=parameters)
-        path = _model_path(model, version) + "/infer"
-        response = self.request("POST", path, content=body, headers=headers)
-        return read_result(*read_response(response))
+        return self._run(
+            infer_op(self.retries, model, inputs, version, binary, outputs, parameters)
+        )
 
     def submit(
         self,
@@ -310,23 +570,20 @@ class Client:
         webhook: str | None = None,
         webhook_events: Iterable[str] | None = None,
     ) -> Job:
-        body, headers = infer_body(inputs, binary=binary, parameters=parameters)
-        headers["idempotency-key"] = idempotency_key or uuid.uuid4().hex
-        headers.update(_headers(webhook, webhook_events))
-        path = _model_path(model, version) + "/jobs"
-        doc, _ = read_response(self._send_idempotent("POST", path, body, headers))
+        doc = self._run(
+            submit_op(
+                self.retries,
+                model,
+                inputs,
+                version,
+                binary,
+                parameters,
+                idempotency_key,
+                webhook,
+                webhook_events,
+            )
+        )
         return Job(self, doc["id"], doc)
-
-    def _send_idempotent(
-        self, method: str, path: str, body: bytes, headers: dict[str, str]
-    ) -> httpx.Response:
-        """A call that carries an Idempotency-Key: also retried after a lost connection."""
-        for _ in range(self.retries):
-            try:
-                return self.request(method, path, content=body, headers=headers)
-            except httpx.TransportError:
-                self._sleep(0.5)
-        return self.request(method, path, content=body, headers=headers)
 
     def job(self, job_id: str) -> Job:
         return Job(self, job_id, {})
@@ -342,79 +599,49 @@ class Client:
         webhook_events: Iterable[str] | None = None,
     ) -> Batch:
         """Create a batch of ``lines`` (OpenAI-style lines, or bare V2 requests for ``model``)."""
-        headers = {"content-type": "application/jsonl", **_headers(webhook, webhook_events)}
-        doc = self._json(
-            "POST",
-            "/v2/batches",
-            content=batch_body(lines),
-            params=batch_params(model, completion_window, metadata),
-            headers=headers,
+        doc = self._run(
+            batch_op(
+                self.retries, lines, model, completion_window, metadata, webhook, webhook_events
+            )
         )
         return Batch(self, doc["id"], doc)
 
     def get_batch(self, batch_id: str) -> Batch:
-        return Batch(self, batch_id, self._json("GET", f"/v2/batches/{batch_id}"))
+        batch = Batch(self, batch_id, {})
+        batch.status()
+        return batch
 
     def events(self, path: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
-        headers = {"last-event-id": last_event_id} if last_event_id else {}
-        with self.http.stream("GET", path, headers=headers, timeout=None) as response:
-            if response.status_code == 204:
-                return
-            if response.status_code >= 400:
-                response.read()
-                read_response(response)
-            parser = EventParser()
-            for line in response.iter_lines():
-                event = parser.feed(line)
-                if event is not None:
-                    yield event
+        return self._stream(event_stream(path, last_event_id))
 
 
-class Job:
+class Job(_JobOps):
     """One async job."""
 
-    def __init__(self, client: Client, job_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, job_id, doc
+    client: Client
 
     def status(self, wait_s: float = 0.0) -> dict[str, Any]:
-        self.last = self.client._json("GET", f"/v2/jobs/{self.id}", params={"wait": wait_s})
-        return self.last
+        return self.client._run(self._status(wait_s))
 
     def result(self, timeout: float | None = None) -> InferResult:
         """The result once it succeeded; InferqError if it failed, expired or was cancelled;
         TimeoutError if it has not ended within ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 30.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"job {self.id} did not end within {timeout} s")
-            response = self.client.request(
-                "GET", f"/v2/jobs/{self.id}", params={"wait": min(left, 30.0)}
-            )
-            doc, blobs = read_response(response)
-            self.last = doc
-            if doc["status"] == "succeeded":
-                return read_result(doc["result"], blobs)
-            if doc["status"] in FINAL_JOB:
-                raise InferqError(500, f"job {self.id} {doc['status']}: {doc.get('error', '')}")
+        return self.client._run(self._result(timeout))
 
     def cancel(self) -> dict[str, Any]:
-        self.last = self.client._json("DELETE", f"/v2/jobs/{self.id}")
-        return self.last
+        return self.client._run(self._cancel())
 
     def events(self, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
-        return self.client.events(f"/v2/jobs/{self.id}/events", last_event_id)
+        return self.client._stream(self._events(last_event_id))
 
 
-class Batch:
+class Batch(_BatchOps):
     """One batch."""
 
-    def __init__(self, client: Client, batch_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, batch_id, doc
+    client: Client
 
     def status(self) -> dict[str, Any]:
-        self.last = self.client._json("GET", f"/v2/batches/{self.id}")
-        return self.last
+        return self.client._run(self._status())
 
     def wait(
         self,
@@ -423,45 +650,27 @@ class Batch:
         progress: Callable[[dict[str, Any]], None] | None = None,
         poll_s: float = 0.5,
     ) -> dict[str, Any]:
-        """Until the batch is final, calling ``progress`` with each state read."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            doc = self.status()
-            if progress is not None:
-                progress(doc)
-            if doc["status"] in FINAL_BATCH:
-                return doc
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"batch {self.id} did not end within {timeout} s")
-            self.client._sleep(poll_s)
+        """Until the batch is final, calling ``progress`` with each state read; TimeoutError
+        if it is not final after ``timeout`` seconds."""
+        return self.client._run(self._wait(timeout, progress, poll_s))
 
     def output(self) -> Iterator[dict[str, Any]]:
-        return self._lines("output")
+        return self.client._stream(self._lines("output"))
 
     def errors(self) -> Iterator[dict[str, Any]]:
-        return self._lines("errors")
-
-    def _lines(self, part: str) -> Iterator[dict[str, Any]]:
-        with self.client.http.stream("GET", f"/v2/batches/{self.id}/{part}") as response:
-            if response.status_code >= 400:
-                response.read()
-                read_response(response)
-            for line in response.iter_lines():
-                if line.strip():
-                    yield json.loads(line)
+        return self.client._stream(self._lines("errors"))
 
     def cancel(self) -> dict[str, Any]:
-        self.last = self.client._json("POST", f"/v2/batches/{self.id}/cancel")
-        return self.last
+        return self.client._run(self._cancel())
 
     def delete(self) -> dict[str, Any]:
-        return self.client._json("DELETE", f"/v2/batches/{self.id}")
+        return self.client._run(self._delete())
 
     def events(self, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
-        return self.client.events(f"/v2/batches/{self.id}/events", last_event_id)
+        return self.client._stream(self._events(last_event_id))
 
 
-# -- the asyncio client ---------------------------------------------------------------------
+# -- the asyncio client: sends and sleeps, awaited -------------------------------------------
 
 
 class AsyncClient:
@@ -487,18 +696,38 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        for _ in range(self.retries):
-            response = await self.http.request(method, path, **kwargs)
-            wait = retry_after_s(response)
-            if wait is None:
-                return response
-            await asyncio.sleep(wait)
-        return await self.http.request(method, path, **kwargs)
+    async def _run(self, op: Op[T]) -> T:
+        """``Client._run``, awaited."""
+        reply: httpx.Response | None = None
+        lost: httpx.TransportError | None = None
+        while True:
+            try:
+                step = op.send(reply) if lost is None else op.throw(lost)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, lost = None, None
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                continue
+            try:
+                reply = await self.http.request(step.method, step.path, **step.options())
+            except httpx.TransportError as e:
+                lost = e
 
-    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        doc, _ = read_response(await self.request(method, path, **kwargs))
-        return doc
+    async def _stream(self, stream: Stream) -> AsyncIterator[dict[str, Any]]:
+        call = stream.call
+        async with self.http.stream(call.method, call.path, **call.options()) as response:
+            if response.status_code >= 400:
+                await response.aread()
+            if not stream.opened(response):
+                return
+            async for line in response.aiter_lines():
+                item = stream.parse(line)
+                if item is not None:
+                    yield item
+
+    async def request(self, method: str, path: str, **call: Any) -> httpx.Response:
+        return await self._run(retried(Call(method, path, **call), self.retries))
 
     async def infer(
         self,
@@ -510,10 +739,9 @@ class AsyncClient:
         outputs: Iterable[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
     ) -> InferResult:
-        body, headers = infer_body(inputs, binary=binary, outputs=outputs, parameters=parameters)
-        path = _model_path(model, version) + "/infer"
-        response = await self.request("POST", path, content=body, headers=headers)
-        return read_result(*read_response(response))
+        return await self._run(
+            infer_op(self.retries, model, inputs, version, binary, outputs, parameters)
+        )
 
     async def submit(
         self,
@@ -527,20 +755,23 @@ class AsyncClient:
         webhook: str | None = None,
         webhook_events: Iterable[str] | None = None,
     ) -> AsyncJob:
-        body, headers = infer_body(inputs, binary=binary, parameters=parameters)
-        headers["idempotency-key"] = idempotency_key or uuid.uuid4().hex
-        headers.update(_headers(webhook, webhook_events))
-        path = _model_path(model, version) + "/jobs"
-        for _ in range(self.retries):
-            try:
-                response = await self.request("POST", path, content=body, headers=headers)
-                break
-            except httpx.TransportError:
-                await asyncio.sleep(0.5)
-        else:
-            response = await self.request("POST", path, content=body, headers=headers)
-        doc, _ = read_response(response)
+        doc = await self._run(
+            submit_op(
+                self.retries,
+                model,
+                inputs,
+                version,
+                binary,
+                parameters,
+                idempotency_key,
+                webhook,
+                webhook_events,
+            )
+        )
         return AsyncJob(self, doc["id"], doc)
+
+    def job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, job_id, {})
 
     async def batch(
         self,
@@ -552,73 +783,48 @@ class AsyncClient:
         webhook: str | None = None,
         webhook_events: Iterable[str] | None = None,
     ) -> AsyncBatch:
-        headers = {"content-type": "application/jsonl", **_headers(webhook, webhook_events)}
-        doc = await self._json(
-            "POST",
-            "/v2/batches",
-            content=batch_body(lines),
-            params=batch_params(model, completion_window, metadata),
-            headers=headers,
+        doc = await self._run(
+            batch_op(
+                self.retries, lines, model, completion_window, metadata, webhook, webhook_events
+            )
         )
         return AsyncBatch(self, doc["id"], doc)
 
-    async def events(
-        self, path: str, last_event_id: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        headers = {"last-event-id": last_event_id} if last_event_id else {}
-        async with self.http.stream("GET", path, headers=headers, timeout=None) as response:
-            if response.status_code == 204:
-                return
-            if response.status_code >= 400:
-                await response.aread()
-                read_response(response)
-            parser = EventParser()
-            async for line in response.aiter_lines():
-                event = parser.feed(line)
-                if event is not None:
-                    yield event
+    async def get_batch(self, batch_id: str) -> AsyncBatch:
+        batch = AsyncBatch(self, batch_id, {})
+        await batch.status()
+        return batch
+
+    def events(self, path: str, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(event_stream(path, last_event_id))
 
 
-class AsyncJob:
-    def __init__(self, client: AsyncClient, job_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, job_id, doc
+class AsyncJob(_JobOps):
+    """``Job`` for asyncio."""
+
+    client: AsyncClient
 
     async def status(self, wait_s: float = 0.0) -> dict[str, Any]:
-        self.last = await self.client._json("GET", f"/v2/jobs/{self.id}", params={"wait": wait_s})
-        return self.last
+        return await self.client._run(self._status(wait_s))
 
     async def result(self, timeout: float | None = None) -> InferResult:  # noqa: ASYNC109
         # ``timeout`` as in the sync handle: the same call, awaited (issue 24's contract).
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 30.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"job {self.id} did not end within {timeout} s")
-            response = await self.client.request(
-                "GET", f"/v2/jobs/{self.id}", params={"wait": min(left, 30.0)}
-            )
-            doc, blobs = read_response(response)
-            self.last = doc
-            if doc["status"] == "succeeded":
-                return read_result(doc["result"], blobs)
-            if doc["status"] in FINAL_JOB:
-                raise InferqError(500, f"job {self.id} {doc['status']}: {doc.get('error', '')}")
+        return await self.client._run(self._result(timeout))
 
     async def cancel(self) -> dict[str, Any]:
-        self.last = await self.client._json("DELETE", f"/v2/jobs/{self.id}")
-        return self.last
+        return await self.client._run(self._cancel())
 
     def events(self, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        return self.client.events(f"/v2/jobs/{self.id}/events", last_event_id)
+        return self.client._stream(self._events(last_event_id))
 
 
-class AsyncBatch:
-    def __init__(self, client: AsyncClient, batch_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, batch_id, doc
+class AsyncBatch(_BatchOps):
+    """``Batch`` for asyncio."""
+
+    client: AsyncClient
 
     async def status(self) -> dict[str, Any]:
-        self.last = await self.client._json("GET", f"/v2/batches/{self.id}")
-        return self.last
+        return await self.client._run(self._status())
 
     async def wait(
         self,
@@ -627,39 +833,19 @@ class AsyncBatch:
         progress: Callable[[dict[str, Any]], None] | None = None,
         poll_s: float = 0.5,
     ) -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
-            while True:
-                doc = await self.status()
-                if progress is not None:
-                    progress(doc)
-                if doc["status"] in FINAL_BATCH:
-                    return doc
-                await asyncio.sleep(poll_s)
+        return await self.client._run(self._wait(timeout, progress, poll_s))
 
-    async def output(self) -> AsyncIterator[dict[str, Any]]:
-        async for doc in self._lines("output"):
-            yield doc
+    def output(self) -> AsyncIterator[dict[str, Any]]:
+        return self.client._stream(self._lines("output"))
 
-    async def errors(self) -> AsyncIterator[dict[str, Any]]:
-        async for doc in self._lines("errors"):
-            yield doc
-
-    async def _lines(self, part: str) -> AsyncIterator[dict[str, Any]]:
-        async with self.client.http.stream("GET", f"/v2/batches/{self.id}/{part}") as response:
-            if response.status_code >= 400:
-                await response.aread()
-                read_response(response)
-            async for line in response.aiter_lines():
-                if line.strip():
-                    yield json.loads(line)
+    def errors(self) -> AsyncIterator[dict[str, Any]]:
+        return self.client._stream(self._lines("errors"))
 
     async def cancel(self) -> dict[str, Any]:
-        self.last = await self.client._json("POST", f"/v2/batches/{self.id}/cancel")
-        return self.last
+        return await self.client._run(self._cancel())
+
+    async def delete(self) -> dict[str, Any]:
+        return await self.client._run(self._delete())
 
     def events(self, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        return self.client.events(f"/v2/batches/{self.id}/events", last_event_id)
-
-
-def _model_path(model: str, version: str | None) -> str:
-    return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+        return self.client._stream(self._events(last_event_id))
