@@ -13,235 +13,82 @@ time it names, ``retries`` times. A job submission carries an ``Idempotency-Key`
 or the caller's), so retrying it after a lost answer can never queue it twice. Errors raise
 ``InferqError`` with the gateway's message and status.
 
-The two clients share everything but the I/O: requests are built and answers read by the
-functions of this module, each once.
+Each operation is written once, without I/O, in ``inferq.clientcore``; the classes here only
+send its calls and sleep its pauses (``_run``) and read streamed lines (``_stream``), the sync
+ones with ``httpx.Client``, the async ones with ``httpx.AsyncClient``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import numpy as np
 
-DEFAULT_RETRIES = 5
-MAX_RETRY_AFTER_S = 30.0
-"""A Retry-After longer than this is waited this long (then asked again)."""
-FINAL_JOB = frozenset({"succeeded", "failed", "expired", "cancelled"})
-FINAL_BATCH = frozenset({"completed", "failed", "expired", "cancelled"})
-RETRIED = frozenset({429, 503})
+from inferq.clientcore import (
+    DEFAULT_RETRIES,
+    FINAL_BATCH,
+    FINAL_JOB,
+    MAX_RETRY_AFTER_S,
+    RETRIED,
+    Call,
+    EventParser,
+    InferqError,
+    InferResult,
+    Inputs,
+    Op,
+    Sleep,
+    Stream,
+    T,
+    _BatchOps,
+    _JobOps,
+    batch_body,
+    batch_op,
+    batch_params,
+    datatype_of,
+    event_stream,
+    infer_body,
+    infer_op,
+    read_response,
+    read_result,
+    retried,
+    retry_after_s,
+    submit_op,
+)
 
-_DATATYPES = {
-    "BOOL": np.bool_,
-    "UINT8": np.uint8,
-    "UINT16": np.uint16,
-    "UINT32": np.uint32,
-    "UINT64": np.uint64,
-    "INT8": np.int8,
-    "INT16": np.int16,
-    "INT32": np.int32,
-    "INT64": np.int64,
-    "FP16": np.float16,
-    "FP32": np.float32,
-    "FP64": np.float64,
-}
-_OF_DTYPE = {np.dtype(t): name for name, t in _DATATYPES.items()}
-
-Inputs = Mapping[str, Any]
-"""Input name -> array (anything ``numpy.asarray`` takes)."""
-
-
-class InferqError(Exception):
-    """The gateway refused or failed a request: ``status`` and its message."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status = status
-        self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class InferResult:
-    """A V2 response: its outputs as numpy arrays, and the document as sent."""
-
-    outputs: dict[str, np.ndarray]
-    model_name: str
-    model_version: str | None
-    raw: dict[str, Any] = field(repr=False)
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        return self.outputs[name]
-
-
-# -- building requests and reading answers (shared by both clients) ---------------------------
-
-
-def datatype_of(array: np.ndarray) -> str:
-    try:
-        return _OF_DTYPE[array.dtype]
-    except KeyError:
-        raise TypeError(f"no V2 datatype for numpy dtype {array.dtype}") from None
-
-
-def infer_body(
-    inputs: Inputs,
-    *,
-    binary: bool = False,
-    outputs: Iterable[str] | None = None,
-    parameters: Mapping[str, Any] | None = None,
-    request_id: str | None = None,
-) -> tuple[bytes, dict[str, str]]:
-    """A V2 request (body, headers): JSON data, or with ``binary`` the binary tensor extension
-    for inputs and outputs."""
-    tensors, blobs = [], []
-    for name, value in inputs.items():
-        array = np.asarray(value)
-        tensor: dict[str, Any] = {
-            "name": name,
-            "datatype": datatype_of(array),
-            "shape": list(array.shape),
-        }
-        if binary:
-            blob = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<")).tobytes()
-            tensor["parameters"] = {"binary_data_size": len(blob)}
-            blobs.append(blob)
-        else:
-            tensor["data"] = array.reshape(-1).tolist()
-        tensors.append(tensor)
-    doc: dict[str, Any] = {"inputs": tensors}
-    params = dict(parameters or {})
-    if binary:
-        params["binary_data_output"] = True
-    if params:
-        doc["parameters"] = params
-    if outputs is not None:
-        doc["outputs"] = [{"name": n} for n in outputs]
-    if request_id is not None:
-        doc["id"] = request_id
-    header = json.dumps(doc, separators=(",", ":")).encode()
-    if not binary:
-        return header, {"content-type": "application/json"}
-    return b"".join([header, *blobs]), {
-        "content-type": "application/octet-stream",
-        "inference-header-content-length": str(len(header)),
-    }
+__all__ = [
+    "DEFAULT_RETRIES",
+    "FINAL_BATCH",
+    "FINAL_JOB",
+    "MAX_RETRY_AFTER_S",
+    "RETRIED",
+    "AsyncBatch",
+    "AsyncClient",
+    "AsyncJob",
+    "Batch",
+    "Call",
+    "Client",
+    "EventParser",
+    "InferResult",
+    "InferqError",
+    "Inputs",
+    "Job",
+    "Sleep",
+    "Stream",
+    "batch_body",
+    "batch_params",
+    "datatype_of",
+    "infer_body",
+    "read_response",
+    "read_result",
+    "retried",
+    "retry_after_s",
+]
 
 
-def read_result(doc: dict[str, Any], blobs: bytes = b"") -> InferResult:
-    """A V2 response document (and the binary data after its JSON) as arrays."""
-    outputs, pos = {}, 0
-    for tensor in doc.get("outputs", []):
-        datatype = tensor["datatype"]
-        shape = tensor["shape"]
-        size = (tensor.get("parameters") or {}).get("binary_data_size")
-        if datatype == "BYTES":
-            outputs[tensor["name"]] = np.array(tensor.get("data", []), dtype=object).reshape(shape)
-            continue
-        dtype = np.dtype(_DATATYPES[datatype]).newbyteorder("<")
-        if size is not None:
-            array = np.frombuffer(blobs[pos : pos + size], dtype=dtype).reshape(shape)
-            pos += size
-        else:
-            array = np.asarray(tensor["data"], dtype=dtype).reshape(shape)
-        outputs[tensor["name"]] = array
-    return InferResult(outputs, doc.get("model_name", ""), doc.get("model_version"), doc)
-
-
-def read_response(response: httpx.Response) -> tuple[dict[str, Any], bytes]:
-    """The JSON document of an answer and the binary data after it; InferqError for 4xx/5xx."""
-    if response.status_code >= 400:
-        try:
-            message = response.json().get("error", response.text)
-        except ValueError:
-            message = response.text
-        raise InferqError(response.status_code, message)
-    length = response.headers.get("inference-header-content-length")
-    content = response.content
-    if length is None:
-        return json.loads(content), b""
-    return json.loads(content[: int(length)]), content[int(length) :]
-
-
-def retry_after_s(response: httpx.Response) -> float | None:
-    """How long to wait before retrying this answer; None: do not retry it."""
-    if response.status_code not in RETRIED:
-        return None
-    raw = response.headers.get("retry-after")
-    try:
-        return min(MAX_RETRY_AFTER_S, max(0.0, float(raw))) if raw is not None else 1.0
-    except ValueError:
-        return 1.0
-
-
-def batch_body(lines: Iterable[Mapping[str, Any] | bytes | str]) -> bytes:
-    """JSONL of the lines (dicts, or lines already encoded)."""
-    out = []
-    for item in lines:
-        if isinstance(item, bytes):
-            out.append(item.rstrip(b"\n"))
-        elif isinstance(item, str):
-            out.append(item.rstrip("\n").encode())
-        else:
-            out.append(json.dumps(item, separators=(",", ":")).encode())
-    return b"\n".join(out) + b"\n"
-
-
-def batch_params(
-    model: str | None, completion_window: str | None, metadata: Mapping[str, str] | None
-) -> dict[str, str]:
-    params = {}
-    if model:
-        params["model"] = model
-    if completion_window:
-        params["completion_window"] = completion_window
-    if metadata:
-        params["metadata"] = json.dumps(dict(metadata))
-    return params
-
-
-class EventParser:
-    """``text/event-stream`` lines in, events (id, parsed data) out; comments (heartbeats)
-    skipped."""
-
-    def __init__(self) -> None:
-        self._data: list[str] = []
-        self._id: str | None = None
-        self.last_id: str | None = None
-
-    def feed(self, line: str) -> dict[str, Any] | None:
-        if line == "":
-            if not self._data:
-                return None
-            data, self._data = "\n".join(self._data), []
-            self.last_id = self._id or self.last_id
-            return {"id": self._id, "data": json.loads(data)}
-        if line.startswith(":"):
-            return None
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            self._data.append(value)
-        elif name == "id":
-            self._id = value
-        return None
-
-
-def _headers(webhook: str | None, webhook_events: Iterable[str] | None) -> dict[str, str]:
-    out = {}
-    if webhook:
-        out["inferq-webhook"] = webhook
-    if webhook_events is not None:
-        out["inferq-webhook-events"] = ",".join(webhook_events)
-    return out
-
-
-# -- the sync client ------------------------------------------------------------------------
+# -- the sync client: sends and sleeps -------------------------------------------------------
 
 
 class Client:
@@ -269,19 +116,41 @@ class Client:
     def close(self) -> None:
         self.http.close()
 
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """One call, retried after ``Retry-After`` while the gateway asks to retry."""
-        for _ in range(self.retries):
-            response = self.http.request(method, path, **kwargs)
-            wait = retry_after_s(response)
-            if wait is None:
-                return response
-            self._sleep(wait)
-        return self.http.request(method, path, **kwargs)
+    def _run(self, op: Op[T]) -> T:
+        """Drive ``op``: send its calls, sleep its pauses, hand it each answer or lost
+        connection."""
+        reply: httpx.Response | None = None
+        lost: httpx.TransportError | None = None
+        while True:
+            try:
+                step = op.send(reply) if lost is None else op.throw(lost)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, lost = None, None
+            if isinstance(step, Sleep):
+                self._sleep(step.seconds)
+                continue
+            try:
+                reply = self.http.request(step.method, step.path, **step.options())
+            except httpx.TransportError as e:
+                lost = e
 
-    def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        doc, _ = read_response(self.request(method, path, **kwargs))
-        return doc
+    def _stream(self, stream: Stream) -> Iterator[dict[str, Any]]:
+        call = stream.call
+        with self.http.stream(call.method, call.path, **call.options()) as response:
+            if response.status_code >= 400:
+                response.read()
+            if not stream.opened(response):
+                return
+            for line in response.iter_lines():
+                item = stream.parse(line)
+                if item is not None:
+                    yield item
+
+    def request(self, method: str, path: str, **call: Any) -> httpx.Response:
+        """One call (``params``, ``headers``, ``content``, ``timeout``), retried after
+        ``Retry-After`` while the gateway asks to retry."""
+        return self._run(retried(Call(method, path, **call), self.retries))
 
     def infer(
         self,
@@ -293,10 +162,9 @@ class Client:
         outputs: Iterable[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
     ) -> InferResult:
-        body, headers = infer_body(inputs, binary=binary, outputs=outputs, parameters=parameters)
-        path = _model_path(model, version) + "/infer"
-        response = self.request("POST", path, content=body, headers=headers)
-        return read_result(*read_response(response))
+        return self._run(
+            infer_op(self.retries, model, inputs, version, binary, outputs, parameters)
+        )
 
     def submit(
         self,
@@ -310,23 +178,20 @@ class Client:
         webhook: str | None = None,
         webhook_events: Iterable[str] | None = None,
     ) -> Job:
-        body, headers = infer_body(inputs, binary=binary, parameters=parameters)
-        headers["idempotency-key"] = idempotency_key or uuid.uuid4().hex
-        headers.update(_headers(webhook, webhook_events))
-        path = _model_path(model, version) + "/jobs"
-        doc, _ = read_response(self._send_idempotent("POST", path, body, headers))
+        doc = self._run(
+            submit_op(
+                self.retries,
+                model,
+                inputs,
+                version,
+                binary,
+                parameters,
+                idempotency_key,
+                webhook,
+                webhook_events,
+            )
+        )
         return Job(self, doc["id"], doc)
-
-    def _send_idempotent(
-        self, method: str, path: str, body: bytes, headers: dict[str, str]
-    ) -> httpx.Response:
-        """A call that carries an Idempotency-Key: also retried after a lost connection."""
-        for _ in range(self.retries):
-            try:
-                return self.request(method, path, content=body, headers=headers)
-            except httpx.TransportError:
-                self._sleep(0.5)
-        return self.request(method, path, content=body, headers=headers)
 
     def job(self, job_id: str) -> Job:
         return Job(self, job_id, {})
@@ -342,79 +207,49 @@ class Client:
         webhook_events: Iterable[str] | None = None,
     ) -> Batch:
         """Create a batch of ``lines`` (OpenAI-style lines, or bare V2 requests for ``model``)."""
-        headers = {"content-type": "application/jsonl", **_headers(webhook, webhook_events)}
-        doc = self._json(
-            "POST",
-            "/v2/batches",
-            content=batch_body(lines),
-            params=batch_params(model, completion_window, metadata),
-            headers=headers,
+        doc = self._run(
+            batch_op(
+                self.retries, lines, model, completion_window, metadata, webhook, webhook_events
+            )
         )
         return Batch(self, doc["id"], doc)
 
     def get_batch(self, batch_id: str) -> Batch:
-        return Batch(self, batch_id, self._json("GET", f"/v2/batches/{batch_id}"))
+        batch = Batch(self, batch_id, {})
+        batch.status()
+        return batch
 
     def events(self, path: str, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
-        headers = {"last-event-id": last_event_id} if last_event_id else {}
-        with self.http.stream("GET", path, headers=headers, timeout=None) as response:
-            if response.status_code == 204:
-                return
-            if response.status_code >= 400:
-                response.read()
-                read_response(response)
-            parser = EventParser()
-            for line in response.iter_lines():
-                event = parser.feed(line)
-                if event is not None:
-                    yield event
+        return self._stream(event_stream(path, last_event_id))
 
 
-class Job:
+class Job(_JobOps):
     """One async job."""
 
-    def __init__(self, client: Client, job_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, job_id, doc
+    client: Client
 
     def status(self, wait_s: float = 0.0) -> dict[str, Any]:
-        self.last = self.client._json("GET", f"/v2/jobs/{self.id}", params={"wait": wait_s})
-        return self.last
+        return self.client._run(self._status(wait_s))
 
     def result(self, timeout: float | None = None) -> InferResult:
         """The result once it succeeded; InferqError if it failed, expired or was cancelled;
         TimeoutError if it has not ended within ``timeout`` seconds."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 30.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"job {self.id} did not end within {timeout} s")
-            response = self.client.request(
-                "GET", f"/v2/jobs/{self.id}", params={"wait": min(left, 30.0)}
-            )
-            doc, blobs = read_response(response)
-            self.last = doc
-            if doc["status"] == "succeeded":
-                return read_result(doc["result"], blobs)
-            if doc["status"] in FINAL_JOB:
-                raise InferqError(500, f"job {self.id} {doc['status']}: {doc.get('error', '')}")
+        return self.client._run(self._result(timeout))
 
     def cancel(self) -> dict[str, Any]:
-        self.last = self.client._json("DELETE", f"/v2/jobs/{self.id}")
-        return self.last
+        return self.client._run(self._cancel())
 
     def events(self, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
-        return self.client.events(f"/v2/jobs/{self.id}/events", last_event_id)
+        return self.client._stream(self._events(last_event_id))
 
 
-class Batch:
+class Batch(_BatchOps):
     """One batch."""
 
-    def __init__(self, client: Client, batch_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, batch_id, doc
+    client: Client
 
     def status(self) -> dict[str, Any]:
-        self.last = self.client._json("GET", f"/v2/batches/{self.id}")
-        return self.last
+        return self.client._run(self._status())
 
     def wait(
         self,
@@ -423,45 +258,27 @@ class Batch:
         progress: Callable[[dict[str, Any]], None] | None = None,
         poll_s: float = 0.5,
     ) -> dict[str, Any]:
-        """Until the batch is final, calling ``progress`` with each state read."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            doc = self.status()
-            if progress is not None:
-                progress(doc)
-            if doc["status"] in FINAL_BATCH:
-                return doc
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"batch {self.id} did not end within {timeout} s")
-            self.client._sleep(poll_s)
+        """Until the batch is final, calling ``progress`` with each state read; TimeoutError
+        if it is not final after ``timeout`` seconds."""
+        return self.client._run(self._wait(timeout, progress, poll_s))
 
     def output(self) -> Iterator[dict[str, Any]]:
-        return self._lines("output")
+        return self.client._stream(self._lines("output"))
 
     def errors(self) -> Iterator[dict[str, Any]]:
-        return self._lines("errors")
-
-    def _lines(self, part: str) -> Iterator[dict[str, Any]]:
-        with self.client.http.stream("GET", f"/v2/batches/{self.id}/{part}") as response:
-            if response.status_code >= 400:
-                response.read()
-                read_response(response)
-            for line in response.iter_lines():
-                if line.strip():
-                    yield json.loads(line)
+        return self.client._stream(self._lines("errors"))
 
     def cancel(self) -> dict[str, Any]:
-        self.last = self.client._json("POST", f"/v2/batches/{self.id}/cancel")
-        return self.last
+        return self.client._run(self._cancel())
 
     def delete(self) -> dict[str, Any]:
-        return self.client._json("DELETE", f"/v2/batches/{self.id}")
+        return self.client._run(self._delete())
 
     def events(self, last_event_id: str | None = None) -> Iterator[dict[str, Any]]:
-        return self.client.events(f"/v2/batches/{self.id}/events", last_event_id)
+        return self.client._stream(self._events(last_event_id))
 
 
-# -- the asyncio client ---------------------------------------------------------------------
+# -- the asyncio client: sends and sleeps, awaited -------------------------------------------
 
 
 class AsyncClient:
@@ -487,18 +304,38 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        for _ in range(self.retries):
-            response = await self.http.request(method, path, **kwargs)
-            wait = retry_after_s(response)
-            if wait is None:
-                return response
-            await asyncio.sleep(wait)
-        return await self.http.request(method, path, **kwargs)
+    async def _run(self, op: Op[T]) -> T:
+        """``Client._run``, awaited."""
+        reply: httpx.Response | None = None
+        lost: httpx.TransportError | None = None
+        while True:
+            try:
+                step = op.send(reply) if lost is None else op.throw(lost)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            reply, lost = None, None
+            if isinstance(step, Sleep):
+                await asyncio.sleep(step.seconds)
+                continue
+            try:
+                reply = await self.http.request(step.method, step.path, **step.options())
+            except httpx.TransportError as e:
+                lost = e
 
-    async def _json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        doc, _ = read_response(await self.request(method, path, **kwargs))
-        return doc
+    async def _stream(self, stream: Stream) -> AsyncIterator[dict[str, Any]]:
+        call = stream.call
+        async with self.http.stream(call.method, call.path, **call.options()) as response:
+            if response.status_code >= 400:
+                await response.aread()
+            if not stream.opened(response):
+                return
+            async for line in response.aiter_lines():
+                item = stream.parse(line)
+                if item is not None:
+                    yield item
+
+    async def request(self, method: str, path: str, **call: Any) -> httpx.Response:
+        return await self._run(retried(Call(method, path, **call), self.retries))
 
     async def infer(
         self,
@@ -510,10 +347,9 @@ class AsyncClient:
         outputs: Iterable[str] | None = None,
         parameters: Mapping[str, Any] | None = None,
     ) -> InferResult:
-        body, headers = infer_body(inputs, binary=binary, outputs=outputs, parameters=parameters)
-        path = _model_path(model, version) + "/infer"
-        response = await self.request("POST", path, content=body, headers=headers)
-        return read_result(*read_response(response))
+        return await self._run(
+            infer_op(self.retries, model, inputs, version, binary, outputs, parameters)
+        )
 
     async def submit(
         self,
@@ -527,20 +363,23 @@ class AsyncClient:
         webhook: str | None = None,
         webhook_events: Iterable[str] | None = None,
     ) -> AsyncJob:
-        body, headers = infer_body(inputs, binary=binary, parameters=parameters)
-        headers["idempotency-key"] = idempotency_key or uuid.uuid4().hex
-        headers.update(_headers(webhook, webhook_events))
-        path = _model_path(model, version) + "/jobs"
-        for _ in range(self.retries):
-            try:
-                response = await self.request("POST", path, content=body, headers=headers)
-                break
-            except httpx.TransportError:
-                await asyncio.sleep(0.5)
-        else:
-            response = await self.request("POST", path, content=body, headers=headers)
-        doc, _ = read_response(response)
+        doc = await self._run(
+            submit_op(
+                self.retries,
+                model,
+                inputs,
+                version,
+                binary,
+                parameters,
+                idempotency_key,
+                webhook,
+                webhook_events,
+            )
+        )
         return AsyncJob(self, doc["id"], doc)
+
+    def job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, job_id, {})
 
     async def batch(
         self,
@@ -552,73 +391,48 @@ class AsyncClient:
         webhook: str | None = None,
         webhook_events: Iterable[str] | None = None,
     ) -> AsyncBatch:
-        headers = {"content-type": "application/jsonl", **_headers(webhook, webhook_events)}
-        doc = await self._json(
-            "POST",
-            "/v2/batches",
-            content=batch_body(lines),
-            params=batch_params(model, completion_window, metadata),
-            headers=headers,
+        doc = await self._run(
+            batch_op(
+                self.retries, lines, model, completion_window, metadata, webhook, webhook_events
+            )
         )
         return AsyncBatch(self, doc["id"], doc)
 
-    async def events(
-        self, path: str, last_event_id: str | None = None
-    ) -> AsyncIterator[dict[str, Any]]:
-        headers = {"last-event-id": last_event_id} if last_event_id else {}
-        async with self.http.stream("GET", path, headers=headers, timeout=None) as response:
-            if response.status_code == 204:
-                return
-            if response.status_code >= 400:
-                await response.aread()
-                read_response(response)
-            parser = EventParser()
-            async for line in response.aiter_lines():
-                event = parser.feed(line)
-                if event is not None:
-                    yield event
+    async def get_batch(self, batch_id: str) -> AsyncBatch:
+        batch = AsyncBatch(self, batch_id, {})
+        await batch.status()
+        return batch
+
+    def events(self, path: str, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
+        return self._stream(event_stream(path, last_event_id))
 
 
-class AsyncJob:
-    def __init__(self, client: AsyncClient, job_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, job_id, doc
+class AsyncJob(_JobOps):
+    """``Job`` for asyncio."""
+
+    client: AsyncClient
 
     async def status(self, wait_s: float = 0.0) -> dict[str, Any]:
-        self.last = await self.client._json("GET", f"/v2/jobs/{self.id}", params={"wait": wait_s})
-        return self.last
+        return await self.client._run(self._status(wait_s))
 
     async def result(self, timeout: float | None = None) -> InferResult:  # noqa: ASYNC109
         # ``timeout`` as in the sync handle: the same call, awaited (issue 24's contract).
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 30.0 if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                raise TimeoutError(f"job {self.id} did not end within {timeout} s")
-            response = await self.client.request(
-                "GET", f"/v2/jobs/{self.id}", params={"wait": min(left, 30.0)}
-            )
-            doc, blobs = read_response(response)
-            self.last = doc
-            if doc["status"] == "succeeded":
-                return read_result(doc["result"], blobs)
-            if doc["status"] in FINAL_JOB:
-                raise InferqError(500, f"job {self.id} {doc['status']}: {doc.get('error', '')}")
+        return await self.client._run(self._result(timeout))
 
     async def cancel(self) -> dict[str, Any]:
-        self.last = await self.client._json("DELETE", f"/v2/jobs/{self.id}")
-        return self.last
+        return await self.client._run(self._cancel())
 
     def events(self, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        return self.client.events(f"/v2/jobs/{self.id}/events", last_event_id)
+        return self.client._stream(self._events(last_event_id))
 
 
-class AsyncBatch:
-    def __init__(self, client: AsyncClient, batch_id: str, doc: dict[str, Any]) -> None:
-        self.client, self.id, self.last = client, batch_id, doc
+class AsyncBatch(_BatchOps):
+    """``Batch`` for asyncio."""
+
+    client: AsyncClient
 
     async def status(self) -> dict[str, Any]:
-        self.last = await self.client._json("GET", f"/v2/batches/{self.id}")
-        return self.last
+        return await self.client._run(self._status())
 
     async def wait(
         self,
@@ -627,39 +441,19 @@ class AsyncBatch:
         progress: Callable[[dict[str, Any]], None] | None = None,
         poll_s: float = 0.5,
     ) -> dict[str, Any]:
-        async with asyncio.timeout(timeout):
-            while True:
-                doc = await self.status()
-                if progress is not None:
-                    progress(doc)
-                if doc["status"] in FINAL_BATCH:
-                    return doc
-                await asyncio.sleep(poll_s)
+        return await self.client._run(self._wait(timeout, progress, poll_s))
 
-    async def output(self) -> AsyncIterator[dict[str, Any]]:
-        async for doc in self._lines("output"):
-            yield doc
+    def output(self) -> AsyncIterator[dict[str, Any]]:
+        return self.client._stream(self._lines("output"))
 
-    async def errors(self) -> AsyncIterator[dict[str, Any]]:
-        async for doc in self._lines("errors"):
-            yield doc
-
-    async def _lines(self, part: str) -> AsyncIterator[dict[str, Any]]:
-        async with self.client.http.stream("GET", f"/v2/batches/{self.id}/{part}") as response:
-            if response.status_code >= 400:
-                await response.aread()
-                read_response(response)
-            async for line in response.aiter_lines():
-                if line.strip():
-                    yield json.loads(line)
+    def errors(self) -> AsyncIterator[dict[str, Any]]:
+        return self.client._stream(self._lines("errors"))
 
     async def cancel(self) -> dict[str, Any]:
-        self.last = await self.client._json("POST", f"/v2/batches/{self.id}/cancel")
-        return self.last
+        return await self.client._run(self._cancel())
+
+    async def delete(self) -> dict[str, Any]:
+        return await self.client._run(self._delete())
 
     def events(self, last_event_id: str | None = None) -> AsyncIterator[dict[str, Any]]:
-        return self.client.events(f"/v2/batches/{self.id}/events", last_event_id)
-
-
-def _model_path(model: str, version: str | None) -> str:
-    return f"/v2/models/{model}" + (f"/versions/{version}" if version else "")
+        return self.client._stream(self._events(last_event_id))
