@@ -63,6 +63,11 @@ INGEST_CHUNK = 512
 """Lines queued per round, so one round of one batch stays short."""
 SUBMIT_AT_ONCE = 64
 """Lines submitted together (``JobService.submit_many``: one round trip on one Redis)."""
+COLLECT_AT_ONCE = 256
+"""Lines whose job status one round trip of a collection asks (``BatchRunner._collect``)."""
+FULL_COLLECT_S = 1.0
+"""How often a collection looks at every line in flight, not only up to the first group of
+``COLLECT_AT_ONCE`` where none ended."""
 PROGRESS_S = 0.5
 """Progress is announced (event streams) at most this often per batch."""
 
@@ -79,6 +84,8 @@ class Driven:
     pending: int = 0
     """Lines not yet answered, as of the last round (the gauge)."""
     collected_at: float = 0.0
+    swept_at: float = float("-inf")
+    """When ``_collect`` last looked at every line in flight (monotonic)."""
     announced: tuple[int, int] = (-1, -1)
     announced_at: float = 0.0
 
@@ -157,7 +164,7 @@ class BatchRunner:
             # While lines are being queued round after round, ends are collected at most every
             # TICK_S: each collection asks the status of every line in flight.
             driven.collected_at = now
-            await self._collect(record, driven)
+            await self._collect(record, driven, now)
         counts = await self.batches.counts(record)
         pending = counts.total - counts.completed - counts.failed
         driven.pending = pending
@@ -246,11 +253,25 @@ class BatchRunner:
         await pipe.execute()
         return done
 
-    async def _collect(self, record: BatchRecord, driven: Driven) -> None:
-        """Answer every line whose job has ended."""
-        if not driven.in_flight:
-            return
+    async def _collect(self, record: BatchRecord, driven: Driven, now: float) -> None:
+        """Answer the lines whose job has ended, oldest first, ``COLLECT_AT_ONCE`` lines a
+        round trip, yielding the event loop between two (one pipeline over a full window held
+        real-time requests up to ~90 ms: BENCHMARKS.md). Lines end about in the order they
+        were queued, so the look stops at the first group where none ended; every
+        ``FULL_COLLECT_S`` (``now``, monotonic) it goes through every line in flight, so a
+        line that ended behind a group still running waits that long at most."""
+        full = now - driven.swept_at >= FULL_COLLECT_S
+        if full:
+            driven.swept_at = now
         lines = list(driven.in_flight)
+        for start in range(0, len(lines), COLLECT_AT_ONCE):
+            ended = await self._collect_some(record, driven, lines[start : start + COLLECT_AT_ONCE])
+            if not ended and not full:
+                return
+            await asyncio.sleep(0)  # requests run between two groups
+
+    async def _collect_some(self, record: BatchRecord, driven: Driven, lines: list[int]) -> int:
+        """Answer those of ``lines`` (in flight) whose job has ended; how many."""
         pipe = self._redis.pipeline(transaction=False)
         for n in lines:
             pipe.hget(self.keys.job(driven.in_flight[n][0]), "status")
@@ -258,7 +279,7 @@ class BatchRunner:
         final = {s.value.encode() for s in JobStatus if s.final}
         ended = [n for n, s in zip(lines, statuses, strict=True) if s is None or s in final]
         if not ended:
-            return
+            return 0
         pipe = self._redis.pipeline(transaction=False)
         for n in ended:
             pipe.hgetall(self.keys.job(driven.in_flight[n][0]))
@@ -275,6 +296,7 @@ class BatchRunner:
         for outcome, count in outcomes.items():
             if count:
                 self._metrics.batch_lines.labels(outcome).inc(count)
+        return len(ended)
 
     @staticmethod
     def _answer(n: int, job: tuple[str, str], raw: dict[bytes, bytes]) -> tuple[str, bytes]:
