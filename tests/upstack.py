@@ -30,10 +30,13 @@ class UpProcess:
         self.lines: list[str] = []
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout is not None
+        # stderr may be sent to stdout (stderr=STDOUT): then ``stdout`` holds both.
+        pipes = [(proc.stdout, self.stdout)]
+        if proc.stderr is not None:
+            pipes.append((proc.stderr, self.stderr))
         self._readers = [
-            threading.Thread(target=self._read, args=(proc.stdout, self.stdout), daemon=True),
-            threading.Thread(target=self._read, args=(proc.stderr, self.stderr), daemon=True),
+            threading.Thread(target=self._read, args=pipe, daemon=True) for pipe in pipes
         ]
         for reader in self._readers:
             reader.start()
