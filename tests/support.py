@@ -249,7 +249,9 @@ class GatewayThread:
         self.app = create_app(settings)
         self.server = gateway_server(self.app, replace(settings, host="127.0.0.1"))
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._main, name="gateway")
+        # A daemon: a gateway that failed to stop (``stop`` says so) must not keep pytest from
+        # exiting once the session is over.
+        self._thread = threading.Thread(target=self._main, name="gateway", daemon=True)
 
     def _main(self) -> None:
         asyncio.run(self._serve())
@@ -290,8 +292,29 @@ class GatewayThread:
         return self
 
     def stop(self) -> None:
+        """Stop the server as SIGTERM would; fail, naming what its event loop still runs, if it
+        has not stopped within ``START_TIMEOUT_S``."""
         self.server.should_exit = True
         self._thread.join(START_TIMEOUT_S)
+        if self._thread.is_alive():
+            raise AssertionError(
+                f"the gateway did not stop within {START_TIMEOUT_S:g} s; its tasks:\n"
+                + "\n".join(_task_stacks(self._loop))
+            )
+
+
+def _task_stacks(loop: asyncio.AbstractEventLoop | None) -> list[str]:
+    """What each task of ``loop`` (running in another thread) is awaiting, innermost last."""
+    if loop is None:
+        return ["(no event loop)"]
+    out = []
+    for task in list(asyncio.all_tasks(loop)):
+        frames = task.get_stack()
+        where = " <- ".join(
+            f"{f.f_code.co_name} ({f.f_code.co_filename}:{f.f_lineno})" for f in frames
+        )
+        out.append(f"{task.get_name()}: {where or task!r}")
+    return out
 
 
 def stacks(

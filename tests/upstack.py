@@ -63,7 +63,10 @@ class UpProcess:
                 try:
                     doc, end = decoder.raw_decode(line, pos)
                 except json.JSONDecodeError:
-                    break
+                    # Not a record from here (text, or one cut by another child's write): a
+                    # record may still begin further on.
+                    pos = line.find("{", pos + 1)
+                    continue
                 records.append(doc)
                 pos = line.find("{", end)
         return records

@@ -149,7 +149,8 @@ def test_only_sigterm_stops_the_stack_workers_first_then_gateways(up):
     stopped = [
         doc["event"] for doc in u.log() if doc.get("event") in ("worker stopped", "gateway stopped")
     ]
-    assert stopped == ["worker stopped"] * 2 + ["gateway stopped"]
+    said = [line for line in u.lines if "stop" in line or "kill" in line or "exit" in line]
+    assert stopped == ["worker stopped"] * 2 + ["gateway stopped"], said
     assert u.lines[-1] == "inferq up: stopped; no restarts"
 
 

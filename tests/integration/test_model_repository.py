@@ -100,6 +100,13 @@ def test_a_policy_naming_a_removed_version_falls_back_to_the_config_and_loads_ag
     assert "digits" in late.worker.slots, late.worker.skipped
     assert list(late.worker.slots["digits"].model.backends) == ["1"]
     s.wait_ready("digits")
+    # Until the gateway's registry has seen the fallback (a refresh after the late worker's
+    # advertisement), it routes by the stored policy, to version 2.
+    with s.client() as c:
+        wait_until(
+            lambda: c.get("/v2/models/digits").json().get("versions") == ["1"],
+            what="the gateway to route digits by the fallback",
+        )
     assert s.infer("digits", digits_body(0)).json()["model_version"] == "1"
     counted = late.worker.metrics.registry.get_sample_value(
         "inferq_worker_policy_fallbacks_total", {"model": "digits"}
