@@ -12,14 +12,17 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import redis
 
 from inferq.redisserver import free_port
+from protocol.jobs import JobStatus
 from protocol.keys import Keys, hash_tag
 from protocol.registry import WorkerInfo
 from tests.support import free_port_pair, sim_body, wait_until
@@ -276,6 +279,22 @@ def _in_aof(folder: Path, *texts: str) -> bool:
     return all(t.encode() in written for t in texts)
 
 
+def _final_job(c: httpx.Client, job: str, timeout_s: float = 60) -> dict[str, Any]:
+    """The job once final, polled as a client does: a 503 (Redis just came back, a pooled
+    connection still led to the old server) is retried after its Retry-After; any other
+    answer that is not the job fails the test with its body."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        r = c.get(f"/v2/jobs/{job}", params={"wait": 10})
+        if r.status_code == 503 and time.monotonic() < deadline:
+            time.sleep(min(float(r.headers.get("retry-after", 1)), 1.0))
+            continue
+        assert r.status_code == 200, r.text
+        doc: dict[str, Any] = r.json()
+        if JobStatus(doc["status"]).final or time.monotonic() > deadline:
+            return doc
+
+
 def test_a_private_redis_that_dies_is_restarted_from_its_aof_and_the_queued_jobs_complete(
     namespace, model_repo
 ):
@@ -306,7 +325,7 @@ def test_a_private_redis_that_dies_is_restarted_from_its_aof_and_the_queued_jobs
         assert exited["exit"] == "killed by SIGKILL"
         with httpx.Client(base_url=u.url, timeout=60) as c:
             for i, job in enumerate(ids):
-                done = c.get(f"/v2/jobs/{job}", params={"wait": 30}).json()
+                done = _final_job(c, job)
                 assert done["status"] == "succeeded", done
                 assert done["result"]["outputs"][0]["data"] == [4.0 * i]
             assert _correct(7, c.post("/v2/models/sim/infer", json=sim_body(7)))
