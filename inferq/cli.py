@@ -118,8 +118,10 @@ def _start_tracing(command: str, environ: Mapping[str, str]) -> bool:
 
 
 def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> int:
+    import uvicorn
+
     from producer.app import create_app
-    from producer.server import gateway_server
+    from producer.server import server_config
     from producer.settings import GatewaySettings
     from runtime.logging import configure
 
@@ -137,7 +139,7 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         print(f"inferq gateway: {e}", file=sys.stderr)
         return EXIT_USAGE
     app = create_app(settings)
-    server = gateway_server(app, settings)
+    server = uvicorn.Server(server_config(app, settings))
     gateway = app.state.gateway
     try:
         metrics = _gateway_metrics(gateway.metrics.registry, settings)

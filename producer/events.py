@@ -117,7 +117,7 @@ def unseen(
 class Subscription:
     """One watcher of one object: the entries about it since it subscribed, in order."""
 
-    __slots__ = ("_entries", "_wake", "closed", "key", "overflowed")
+    __slots__ = ("_entries", "_wake", "key", "overflowed")
 
     def __init__(self, key: tuple[bytes, str]) -> None:
         self.key = key
@@ -125,29 +125,18 @@ class Subscription:
         self._wake: asyncio.Future[None] | None = None
         self.overflowed = False
         """Entries were dropped (the watcher fell behind): re-read the object."""
-        self.closed = False
-        """The gateway is shutting down (``EventFanout.close``): the watcher answers what it
-        has and ends."""
-
-    def close(self) -> None:
-        self.closed = True
-        self._wake_up()
-
-    def _wake_up(self) -> None:
-        if self._wake is not None and not self._wake.done():
-            self._wake.set_result(None)
 
     def put(self, entry_id: str, fields: Fields) -> None:
         if len(self._entries) >= SUBSCRIPTION_BACKLOG:
             self._entries.popleft()
             self.overflowed = True
         self._entries.append((entry_id, fields))
-        self._wake_up()
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
 
     async def next(self, timeout_s: float) -> tuple[str, Fields] | None:
-        """The next entry (id, fields), or None when none came within ``timeout_s``, or at
-        once when there is none and the subscription is ``closed``."""
-        if not self._entries and not self.closed:
+        """The next entry (id, fields), or None when none came within ``timeout_s``."""
+        if not self._entries:
             self._wake = asyncio.get_running_loop().create_future()
             try:
                 async with asyncio.timeout(timeout_s):
@@ -156,7 +145,7 @@ class Subscription:
                 return None
             finally:
                 self._wake = None
-        return self._entries.popleft() if self._entries else None
+        return self._entries.popleft()
 
 
 class EventFanout:
@@ -167,23 +156,11 @@ class EventFanout:
         self._taps: list[Callable[[], None]] = []
         self.position = "0-0"
         """The last entry handed out: a watcher subscribed now hears every entry after it."""
-        self.closed = False
-
-    def close(self) -> None:
-        """The gateway is shutting down: wake every watcher, now and to come, to end (event
-        streams end, long polls answer the object as it is), so that the server's graceful
-        shutdown does not wait on them."""
-        self.closed = True
-        for watchers in self._watchers.values():
-            for subscription in watchers:
-                subscription.close()
 
     def subscribe(self, field: bytes, object_id: str) -> Subscription:
         """Subscribe before reading the object, so a change between the read and the wait is
         not missed; ``unsubscribe`` when done."""
         subscription = Subscription((field, object_id))
-        if self.closed:
-            subscription.close()
         self._watchers.setdefault(subscription.key, set()).add(subscription)
         return subscription
 

@@ -206,11 +206,6 @@ class Gateway:
         self.metrics.runtime.track_loops(self.loops.health)
         self.metrics.runtime.track_pool(self.broker.pool_counts)
 
-    def closing(self) -> None:
-        """The HTTP server stopped taking connections and waits for the open responses: end
-        the waits that would hold it (event streams end, long polls answer what they have)."""
-        self.replies.events.close()
-
     async def stop(self) -> None:
         await self.loops.cancel()
         if self.deliverer is not None:

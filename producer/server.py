@@ -18,17 +18,11 @@ against ``--max-inflight-bytes`` (``producer.inflight``; 429 when the gateway ho
 and once the headers are complete the request's own hold counts them until its answer
 (``producer.httpbody.header_bytes``): the memory a gateway gives unfinished requests is bounded
 by one number.
-
-uvicorn's graceful shutdown waits up to ``GRACEFUL_SHUTDOWN_S`` for the responses still open
-before the app's lifespan ends; ``GatewayServer`` tells the gateway when that wait begins
-(``Gateway.closing``), so that event streams and long polls end then instead of holding it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import socket
-from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -286,22 +280,3 @@ def server_config(app: Any, settings: GatewaySettings) -> uvicorn.Config:
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
     )
-
-
-class GatewayServer(uvicorn.Server):
-    """uvicorn's server, calling ``on_shutdown`` as its shutdown begins (before it waits for
-    the open responses)."""
-
-    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
-        super().__init__(config)
-        self._on_shutdown = on_shutdown
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        self._on_shutdown()
-        await super().shutdown(sockets)
-
-
-def gateway_server(app: Any, settings: GatewaySettings) -> GatewayServer:
-    """The server of one gateway process (the CLI and the tests use it): ``server_config``,
-    and the gateway's waits ended as it shuts down."""
-    return GatewayServer(server_config(app, settings), app.state.gateway.closing)

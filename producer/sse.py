@@ -17,9 +17,6 @@ client has seen the object as it was at that entry": a client that reconnects an
 - Comment lines (``: keepalive``) every ``--sse-heartbeat-s`` keep proxies from closing an idle
   stream; at each the stream checks whether its client has gone, and ends if so. Every
   ``REREAD_EVERY`` heartbeats it re-reads the object, in case an announcement was lost.
-- A gateway that shuts down ends its streams at once (``EventFanout.close``, called as the
-  server stops taking connections): the client reconnects, to another gateway, with
-  ``Last-Event-ID``. uvicorn would otherwise wait its graceful timeout for them.
 """
 
 from __future__ import annotations
@@ -219,8 +216,8 @@ class EventStreamResponse(Response):
             item = await self._subscription.next(self._heartbeat_s)
             announced: str | None = None
             if item is None:
-                if self._subscription.closed or await _client_gone(receive):
-                    return  # a closing gateway: the client resumes elsewhere (Last-Event-ID)
+                if await _client_gone(receive):
+                    return
                 await send({"type": "http.response.body", "body": HEARTBEAT, "more_body": True})
                 quiet += 1
                 if quiet % REREAD_EVERY:

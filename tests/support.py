@@ -19,13 +19,14 @@ from typing import Any, NoReturn
 import httpx
 import numpy as np
 import pytest
+import uvicorn
 
 from consumer.settings import WorkerSettings
 from consumer.worker import Worker
 from inferq.redisserver import free_port
 from producer.app import create_app
 from producer.gateway import Gateway
-from producer.server import gateway_server
+from producer.server import server_config
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from protocol.messages import InferRequest
@@ -247,7 +248,7 @@ class GatewayThread:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.app = create_app(settings)
-        self.server = gateway_server(self.app, replace(settings, host="127.0.0.1"))
+        self.server = uvicorn.Server(server_config(self.app, replace(settings, host="127.0.0.1")))
         self._loop: asyncio.AbstractEventLoop | None = None
         # A daemon: a gateway that failed to stop (``stop`` says so) must not keep pytest from
         # exiting once the session is over.

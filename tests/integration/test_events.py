@@ -162,34 +162,3 @@ def test_a_cancelled_job_tells_queued_then_cancelled(stack):
             assert c.delete(f"/v2/jobs/{job['id']}").status_code == 200
             rest = list(events)
     assert [e.status for e in rest] == ["cancelled"]
-
-
-def test_open_event_streams_and_long_polls_end_when_the_gateway_shuts_down(stack):
-    """uvicorn waits up to its graceful-shutdown timeout (10 s) for open responses: an event
-    stream or a long poll of a job that never moves would hold the gateway's exit that long."""
-    import threading
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    from producer.server import GRACEFUL_SHUTDOWN_S
-
-    s = without_workers(stack)  # the default heartbeat: nothing wakes the stream on its own
-    assert s.gateway is not None
-    gateway = s.gateway
-    with s.client() as c, ThreadPoolExecutor(1) as pool:
-        job = submit(c, "slow", sim_body(2)).json()
-        polled = pool.submit(c.get, f"/v2/jobs/{job['id']}", params={"wait": 30})
-        with stream(c, job["id"]) as r:
-            events = parse(r.iter_lines())
-            assert next(events).status == "queued"
-            wait_until(lambda: gateway.gateway.replies.events.watching == 2, what="both waits")
-            started = time.monotonic()
-            stopping = threading.Thread(target=gateway.stop)
-            stopping.start()
-            rest = list(events)  # the gateway ends the stream: no error, nothing more
-        stopping.join()
-        took = time.monotonic() - started
-        answer = polled.result()
-    assert rest == []
-    assert answer.status_code == 200 and answer.json()["status"] == "queued"
-    assert took < GRACEFUL_SHUTDOWN_S / 4, f"the gateway took {took:.1f} s to stop"

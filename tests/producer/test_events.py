@@ -97,27 +97,6 @@ def test_a_watcher_that_falls_behind_keeps_bounded_memory_and_knows_it_must_re_r
     asyncio.run(go())
 
 
-def test_a_closed_fanout_wakes_every_watcher_now_and_to_come_after_what_it_has():
-    async def go() -> None:
-        fanout = EventFanout()
-        waiting = fanout.subscribe(b"job", "a")
-        behind = fanout.subscribe(b"job", "b")
-        fanout.publish([(b"1-0", {b"job": b"b"})])
-        wait = asyncio.ensure_future(waiting.next(60))
-        await asyncio.sleep(0)  # it waits
-        fanout.close()
-        async with asyncio.timeout(1):
-            assert await wait is None
-        assert waiting.closed and behind.closed
-        assert await behind.next(60) == ("1-0", {b"job": b"b"})  # what it has comes first
-        assert await behind.next(60) is None
-        late = fanout.subscribe(b"job", "c")
-        async with asyncio.timeout(1):
-            assert await late.next(60) is None
-
-    asyncio.run(go())
-
-
 def test_the_registry_finds_the_kind_an_entry_names_and_the_kind_a_path_serves():
     class Batches:
         field = b"batch"
