@@ -198,8 +198,13 @@ def inferq_hops(repo: Path, n: int, log: Path) -> dict[str, Any]:
             if i >= 200:  # warm-up
                 latencies.append(time.perf_counter() - t)
         conn.close()
-        time.sleep(1.0)  # the batch span processors export within 200 ms
-    found = hops_of(spans(log))
+        # The batch span processors export every 200 ms: until every request's trace is
+        # written (30 s at most), while the processes still run.
+        deadline = time.monotonic() + 30
+        found = hops_of(spans(log))
+        while len(found[HOPS[3]]) < n + 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+            found = hops_of(spans(log))
     return {
         "client_p50_us": p50_us(latencies),
         "traces": len(found[HOPS[3]]),

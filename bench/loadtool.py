@@ -16,6 +16,7 @@ import subprocess
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 LUA = Path(__file__).resolve().parent / "wrk_post.lua"
 
@@ -108,10 +109,10 @@ def _loadgen(
     from bench.common import closed_loop
     from loadgen.http import PreparedRequest
 
-    base, path = url.split("/", 3)[:3], "/" + url.split("/", 3)[3]
+    parts = urlsplit(url)
     r = closed_loop(
-        "/".join(base),
-        PreparedRequest("POST", path, body, headers),
+        f"{parts.scheme}://{parts.netloc}",
+        PreparedRequest("POST", parts.path, body, headers),
         concurrency=concurrency,
         duration_s=duration_s,
         warmup_s=0.0,

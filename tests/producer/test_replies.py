@@ -229,6 +229,20 @@ def test_unconfirmed_requests_wait_until_redis_is_known_to_have_lost_its_data(
     with_listener(either_redis, namespace, body, run=False)
 
 
+def sweep_fails_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener's next loss sweep raises as a pooled connection to a Redis that went away
+    does; later ones run."""
+    real = producer.replies.sweep
+    failures = [redis.ConnectionError("Connection closed by server.")]
+
+    async def flaky(*args: Any, **kw: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*args, **kw)
+
+    monkeypatch.setattr(producer.replies, "sweep", flaky)
+
+
 def test_a_loss_whose_sweep_failed_is_swept_at_the_next_keepalive(
     r, either_redis, namespace, monkeypatch
 ):
@@ -238,16 +252,9 @@ def test_a_loss_whose_sweep_failed_is_swept_at_the_next_keepalive(
     lost fails at once rather than at its deadline (the CI flake of issue #21)."""
     stream = f"{namespace}:stream:m:normal"
     r.xadd(stream, {FIELD: b"newer"})
-    real = producer.replies.sweep
-    failures = [redis.ConnectionError("Connection closed by server.")]
-
-    async def flaky(*args: Any, **kw: Any) -> Any:
-        if failures:
-            raise failures.pop()
-        return await real(*args, **kw)
 
     async def body(listener: ReplyListener) -> None:
-        monkeypatch.setattr(producer.replies, "sweep", flaky)
+        sweep_fails_once(monkeypatch)
         waiter = listener.waiters.expect("gone", "m", 0)
         waiter.enqueued(stream, "1-1", f"{namespace}:result:gone")  # Redis lost its entry
         r.delete(listener.key)
@@ -291,16 +298,9 @@ def test_an_unconfirmed_xadd_sent_after_the_loss_was_found_keeps_waiting(
     """An XADD sent to the Redis that came back, whose reply was lost, may be queued there: a
     sweep for the earlier loss (retried, since its first attempt failed) leaves it waiting."""
     stream = f"{namespace}:stream:m:normal"
-    real = producer.replies.sweep
-    failures = [redis.ConnectionError("Connection closed by server.")]
-
-    async def flaky(*args: Any, **kw: Any) -> Any:
-        if failures:
-            raise failures.pop()
-        return await real(*args, **kw)
 
     async def body(listener: ReplyListener) -> None:
-        monkeypatch.setattr(producer.replies, "sweep", flaky)
+        sweep_fails_once(monkeypatch)
         r.delete(listener.key)
         with pytest.raises(redis.ConnectionError):
             await listener.keepalive()  # the loss is found; its sweep fails
