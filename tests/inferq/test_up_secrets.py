@@ -29,9 +29,23 @@ TOKEN = f"Tk-{secrets.token_hex(8)}"
 
 
 def _descendants(pid: int) -> list[int]:
+    """Live descendants: an exited child its parent has not reaped yet (a zombie) is left
+    out, since it has no command line left to show."""
     path = Path(f"/proc/{pid}/task/{pid}/children")
     children = [int(p) for p in path.read_text().split()] if path.exists() else []
-    return [grand for child in children for grand in (child, *_descendants(child))]
+    return [
+        grand
+        for child in children
+        if _state(child) not in ("Z", "X", "")
+        for grand in (child, *_descendants(child))
+    ]
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return ""  # gone meanwhile
 
 
 def _argv(pid: int) -> str:
@@ -91,7 +105,9 @@ def test_no_secret_reaches_argv_logs_metrics_error_bodies_or_models_status(
         u.wait_ready()
         assert f"127.0.0.1:{protected.port}" in protected.url and PASSWORD in protected.url
         pids = _descendants(proc.pid)
-        assert len(pids) == 3, pids  # two gateways, one worker (Redis is the suite's own)
+        roles = sorted(_argv(pid).split(" -m inferq ")[-1].split(" ")[0] for pid in pids)
+        # Two gateways and one worker (Redis is the suite's own).
+        assert roles == ["gateway", "gateway", "worker"], [_argv(pid) for pid in pids]
         seen["argv"] = "\n".join(_argv(pid) for pid in [proc.pid, *pids])
         with httpx.Client(base_url=u.url, timeout=30) as c:
             assert c.post("/v2/models/sim/infer", json=sim_body(1)).status_code == 200
