@@ -148,6 +148,9 @@ def test_a_killed_worker_and_a_killed_gateway_are_replaced_and_the_restarts_coun
 def test_only_sigterm_stops_the_stack_workers_first_then_gateways(up):
     u = up("--workers", "2")
     u.wait_ready()
+    # Ready needs one worker; one still importing when stopped dies of the SIGTERM it has no
+    # handler for yet, and never says "worker stopped".
+    u.wait_for(lambda: len(u.events("worker started")) == 2, "both workers started")
     assert u.stop() == 0
     stopped = [
         doc["event"] for doc in u.log() if doc.get("event") in ("worker stopped", "gateway stopped")
