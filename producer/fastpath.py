@@ -17,14 +17,19 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from producer.errors import GatewayError, http_form
-from producer.httpbody import caller_traceparent, header_bytes, no_cache, read_inference_body
+from producer.httpbody import (
+    caller_traceparent,
+    header_bytes,
+    no_cache,
+    read_inference_body,
+    request_headers,
+)
 from producer.instrument import Instrument, content_length
 from producer.v2_request import parse_infer_request
 from producer.v2_response import encode_infer_response, response_document
@@ -61,7 +66,7 @@ async def respond(
 ) -> str:
     """Answer one infer request with its outputs (JSON, or binary tensors when asked for), and
     return the version it was routed to. Refusals raise ``GatewayError``."""
-    headers = Headers(scope=scope)
+    headers = request_headers(scope)
     service = gateway.service
     with service.hold_body(header_bytes(scope)) as hold:
         raw, length = await read_inference_body(headers, receive, hold, gateway.settings)
