@@ -337,7 +337,7 @@ class ModelAdmin:
             approximate=True,
         )
         await pipe.execute()
-        self.registry.apply_policy(model, policy if admin else None)
+        await self.registry.apply_policy(model, policy if admin else None)
 
     async def _send(self, command: Command) -> None:
         await self.redis.xadd(

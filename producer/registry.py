@@ -250,9 +250,18 @@ class ModelRegistry:
         since = len(self._queued_since.get(model, ()))
         return sum(self._backlog.get((model, lane), 0) for lane in lanes) + since
 
-    def apply_policy(self, model: str, policy: VersionPolicy | None) -> None:
+    async def apply_policy(self, model: str, policy: VersionPolicy | None) -> None:
         """A policy this gateway just committed (None: the model's policy was deleted, its
-        repository config decides): route by it now, not at the next refresh."""
+        repository config decides): route by it now, not at the next refresh.
+
+        After any refresh in flight: one that read the policies before the commit would
+        otherwise put the old one back when it ends (a request sent right after an unload was
+        then routed, and answered from the cache, by the version just unloaded). A refresh
+        that starts later reads the committed policy from Redis."""
+        async with self._refreshing:
+            self._apply_policy(model, policy)
+
+    def _apply_policy(self, model: str, policy: VersionPolicy | None) -> None:
         if policy is None:
             self._policies = {k: v for k, v in self._policies.items() if k != model}
         elif policy.generation >= getattr(self._policies.get(model), "generation", -1):

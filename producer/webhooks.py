@@ -395,7 +395,7 @@ class WebhookDeliverer:
     # -- the senders -----------------------------------------------------------------------
 
     async def _send_loop(self) -> None:
-        while True:
+        while not cancelling():  # a cancellation mid-command can come back as a Redis error
             work = await self._work.get()
             try:
                 if isinstance(work, Opening):

@@ -24,6 +24,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable
 
+from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.broker import Broker
 from runtime.faults import RETRYABLE, Fault
@@ -71,7 +72,10 @@ class WedgeWatch:
         """Since when Redis has answered a new connection at every check while stuck."""
 
     async def run(self) -> None:
-        while True:
+        # Not ``while True``: redis-py can turn a cancellation that arrives mid-PING into a
+        # ConnectionError, which ``check`` records; the loop would then never end, and a
+        # gateway's shutdown waited for it for good (a CI run's cluster teardown).
+        while not cancelling():
             await asyncio.sleep(self._interval_s)
             await self.check()
 

@@ -3,7 +3,11 @@ registry merges what workers advertise, and the repository index's states."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from producer.admin import check_token, index_rows, parse_load
 from producer.errors import BadRequest, Forbidden, Unauthorized
@@ -170,3 +174,56 @@ def test_the_server_is_not_ready_when_every_served_model_is_unloaded():
     assert registry.live_workers == 0
     problem = registry.not_serving()
     assert problem is not None and "unloaded (m)" in problem and "/load" in problem
+
+
+class PausedRefresh:
+    """A Redis whose registry snapshot, read before a commit, arrives only when let go: an
+    advertisement of ``m`` version 1 and no policy stored."""
+
+    def __init__(self, worker: WorkerInfo) -> None:
+        self.worker = worker
+        self.reading = asyncio.Event()
+        self.let_go = asyncio.Event()
+
+    async def zrangebyscore(self, *_: object) -> list[bytes]:
+        return [b"w"]
+
+    def pipeline(self, transaction: bool = False) -> PausedRefresh:
+        return self
+
+    def execute_command(self, *_: object) -> None:
+        pass
+
+    def hgetall(self, _: str) -> None:
+        pass
+
+    def get(self, _: str) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        raise RedisConnectionError(f"{name}: not part of this snapshot")  # the backlog look
+
+    async def execute(self) -> list[Any]:
+        self.reading.set()
+        await self.let_go.wait()
+        return [[self.worker.encode()], {}, {}, None]
+
+
+def test_a_committed_policy_outlives_a_refresh_that_read_redis_before_the_commit():
+    worker = WorkerInfo("w", "h", 1, 0, (_meta(("1",)),))
+    redis = PausedRefresh(worker)
+    unloaded = VersionPolicy((), {}, 2)
+
+    async def scenario() -> ModelRegistry:
+        registry = ModelRegistry(redis, Keys("t"), RedisClock(), refresh_s=1)  # type: ignore[arg-type]
+        refresh = asyncio.create_task(registry.refresh())
+        await redis.reading.wait()  # the refresh read the policies: none
+        applied = asyncio.create_task(registry.apply_policy("m", unloaded))  # the unload
+        await asyncio.sleep(0)
+        redis.let_go.set()
+        await asyncio.gather(refresh, applied)
+        return registry
+
+    registry = asyncio.run(scenario())
+    assert registry.models["m"].metadata.versions == ()  # unloaded: nothing is routed to it
+    assert registry.live_workers == 0

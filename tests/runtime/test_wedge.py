@@ -142,6 +142,43 @@ def test_a_pool_that_serves_again_resets_the_watch(setup):
     setup.checks_for(BOUND_S - 2)  # a fresh run of failures: the bound starts again
 
 
+class CancelledMidPing(Commands):
+    """A PING that turns the cancellation arriving while it waits into a ConnectionError, as
+    redis-py can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinging = asyncio.Event()
+
+    async def ping(self) -> bool:
+        if self.pinging.is_set():
+            raise RuntimeError("pinged again after its cancellation")  # ends the loop
+        self.pinging.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise RedisConnectionError("Connection closed by server.") from None
+        return True
+
+
+def test_a_cancellation_that_redis_py_turns_into_a_connection_error_still_ends_the_watch(setup):
+    commands = CancelledMidPing()
+    setup.broker.commands = commands  # type: ignore[assignment]
+    setup.watch._interval_s = 0
+
+    async def scenario() -> None:
+        task = asyncio.create_task(setup.watch.run())
+        await asyncio.wait_for(commands.pinging.wait(), 5)
+        task.cancel()
+        # Under ``while True`` the watch recorded the error and pinged again, for good: a
+        # gateway's shutdown, which awaits every loop, never ended.
+        (ended,) = await asyncio.gather(task, return_exceptions=True)
+        assert ended is None or isinstance(ended, asyncio.CancelledError), ended
+
+    asyncio.run(scenario())
+    assert setup.pool.problem is not None  # the error was recorded, then the loop ended
+
+
 def test_refusals_that_are_not_connection_faults_never_count(setup):
     """Out of memory is Redis refusing writes: a restart would not help."""
     setup.loop.record(OutOfMemoryError("command not allowed when used memory > 'maxmemory'"))
