@@ -73,6 +73,11 @@ class Script:
         """Queue the script on a pipeline of the broker's ``commands`` (either kind)."""
         pipe.execute_command("EVAL", self.text, len(keys), *keys, *args)
 
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> Command:
+        """The script as one command of a ``Broker.batch``: ``EVAL`` with its text, as
+        ``queue`` puts it on a pipeline."""
+        return ("EVAL", self.text, len(keys), *keys, *args)
+
     async def batch(
         self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], then: Sequence[Command] = ()
     ) -> list[Any]:
