@@ -5,8 +5,9 @@ and on a Redis Cluster, so no caller asks which it has (Dramatiq's ``Broker``; A
 ``connect`` asks the server (``INFO cluster``) and returns a ``StandaloneBroker`` or a
 ``ClusterBroker``. What every gateway, worker and tool needs from Redis is here:
 ``commands`` (a redis-py client: ordinary commands and pipelines), ``batch`` (commands in one
-round trip: the gateway's ``AutoPipeline``), ``script``, ``colocated`` (which keys one command
-may name together), ``blocking_reads`` and ``queue_wait`` (``WAIT`` on the node that owns a key).
+round trip: the gateway's ``AutoPipeline``, the worker's result flushes), ``script``,
+``colocated`` (which keys one command may name together), ``blocking_reads`` and ``queue_wait``
+(``WAIT`` on the node that owns a key).
 
 redis-py retries commands on connection errors and timeouts by default; inferq turns that off:
 a retried XADD whose first attempt reached Redis would enqueue a request twice, and a gateway
