@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from runtime.aio import cancelling
 from runtime.backoff import Backoff
 from runtime.broker import Broker, Script
 from runtime.faults import RETRYABLE, TRANSIENT, Fault, classify
+from runtime.resp import Command
 from runtime.tracing import Tracer
 
 log = structlog.get_logger("inferq.worker")
@@ -65,7 +67,7 @@ class ResultWriter:
         ack_delay_s: float = 0.01,
         trim_interval_s: float = TRIM_INTERVAL_S,
     ) -> None:
-        self._redis = broker.commands
+        self._broker = broker
         self._ledger = ledger
         self._job_events = job_events
         self._transition = transition
@@ -160,19 +162,21 @@ class ResultWriter:
         trims = self._trims.take(by_stream, now, all_due=self._draining)
         if not batch and not by_stream and not trims:
             return None
+        commands: list[Command] = []
+        for write in batch:
+            for step, count in self._queue_steps(commands, write):
+                steps.append((write, step, count))
+        acked_at = len(commands)
+        for stream, ids in by_stream.items():
+            commands.append(("XACK", stream, GROUP, *ids))
+        trimmed_at = len(commands)
+        for stream in trims:  # after the XACKs: what they acknowledged goes too
+            commands.append(self._trim.command([stream], [GROUP]))
         try:
-            # As a context manager: the connection goes back to the pool however this ends.
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for write in batch:
-                    for step, count in self._queue_steps(pipe, write):
-                        steps.append((write, step, count))
-                acked_at = len(pipe)
-                for stream, ids in by_stream.items():
-                    pipe.xack(stream, GROUP, *ids)
-                trimmed_at = len(pipe)
-                for stream in trims:  # after the XACKs: what they acknowledged goes too
-                    self._trim.queue(pipe, [stream], [GROUP])
-                replies = await pipe.execute(raise_on_error=False)
+            # One round trip on the broker's pipelining connection (``Broker.batch``): error
+            # replies come back in place, each checked below.
+            # Nothing to send when the batch only acknowledges (its XACKs ride the next flush).
+            replies = await self._broker.batch(commands) if commands else []
         except BaseException:
             if not self._draining:
                 self._trims.failed(trims, now)
@@ -183,39 +187,42 @@ class ResultWriter:
         self._finish(batch)
         return refused
 
-    def _queue_steps(self, pipe: Any, write: _Write) -> list[tuple[str, int]]:
-        """Queue the commands of the steps this write has not done yet."""
+    def _queue_steps(self, commands: list[Command], write: _Write) -> list[tuple[str, int]]:
+        """Append the commands of the steps this write has not done yet."""
         out, queued = write.out, []
         for step in _steps(write):
             if step in write.done:
                 continue
             if step == "dead_letter":
                 assert out.dead_letter is not None
-                fields: Any = out.letter().to_fields()
-                pipe.xadd(out.dead_letter, fields, maxlen=DLQ_MAXLEN, approximate=True)
+                fields = out.letter().to_fields()
+                commands.append(_xadd(out.dead_letter, fields, maxlen=DLQ_MAXLEN))
                 queued.append((step, 1))
             elif step == "result":
-                pipe.set(out.result_key, out.payload, px=max(1, out.ttl_ms), nx=True)
+                assert out.result_key is not None and out.payload is not None
+                ttl = max(1, out.ttl_ms)
+                commands.append(("SET", out.result_key, out.payload, "PX", ttl, "NX"))
                 queued.append((step, 1))
             elif step == "reply":
-                assert out.payload is not None
-                pipe.xadd(out.reply_to, {FIELD: out.payload}, nomkstream=True)
+                assert out.payload is not None and out.reply_to is not None
+                commands.append(("XADD", out.reply_to, "NOMKSTREAM", "*", FIELD, out.payload))
                 queued.append((step, 1))
             else:
                 assert self._transition is not None and out.job is not None
                 job = out.job
-                self._transition.queue(pipe, [job.key], [job.required.value, *job.args])
+                transition = self._transition.command
+                commands.append(transition([job.key], [job.required.value, *job.args]))
                 moves = 1
                 if job.if_running is not None:
                     running = [JobStatus.RUNNING.value, *job.if_running]
-                    self._transition.queue(pipe, [job.key], running)
+                    commands.append(transition([job.key], running))
                     moves += 1
-                pipe.pexpire(job.key, max(1, job.ttl_ms))
-                event: dict[bytes, Any] = {JOB_EVENT_FIELD: job.job_id}
+                commands.append(("PEXPIRE", job.key, max(1, job.ttl_ms)))
+                event: dict[bytes, str | bytes | int] = {JOB_EVENT_FIELD: job.job_id}
                 # Two moves to different statuses: readers re-read the record.
                 if job.if_running is None or job.if_running[0] == job.args[0]:
                     event[EVENT_STATUS_FIELD] = job.args[0]
-                pipe.xadd(self._job_events, event, maxlen=JOB_EVENTS_MAXLEN, approximate=True)
+                commands.append(_xadd(self._job_events, event, maxlen=JOB_EVENTS_MAXLEN))
                 queued.append((step, moves + 2))
         return queued
 
@@ -304,6 +311,12 @@ class ResultWriter:
         if self._metrics is not None:
             for write in batch:
                 self._metrics.observe_write_failure(write.out.model, fault.value)
+
+
+def _xadd(stream: str, fields: Mapping[bytes, str | bytes | int], *, maxlen: int) -> Command:
+    """``XADD stream MAXLEN ~ maxlen * field value ...`` (as redis-py's ``xadd`` with
+    ``approximate=True`` sends it)."""
+    return ("XADD", stream, "MAXLEN", "~", maxlen, "*", *(x for kv in fields.items() for x in kv))
 
 
 def _steps(write: _Write) -> list[str]:

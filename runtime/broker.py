@@ -5,8 +5,9 @@ and on a Redis Cluster, so no caller asks which it has (Dramatiq's ``Broker``; A
 ``connect`` asks the server (``INFO cluster``) and returns a ``StandaloneBroker`` or a
 ``ClusterBroker``. What every gateway, worker and tool needs from Redis is here:
 ``commands`` (a redis-py client: ordinary commands and pipelines), ``batch`` (commands in one
-round trip: the gateway's ``AutoPipeline``), ``script``, ``colocated`` (which keys one command
-may name together), ``blocking_reads`` and ``queue_wait`` (``WAIT`` on the node that owns a key).
+round trip: the gateway's ``AutoPipeline``, the worker's result flushes), ``script``,
+``colocated`` (which keys one command may name together), ``blocking_reads`` and ``queue_wait``
+(``WAIT`` on the node that owns a key).
 
 redis-py retries commands on connection errors and timeouts by default; inferq turns that off:
 a retried XADD whose first attempt reached Redis would enqueue a request twice, and a gateway
@@ -72,6 +73,11 @@ class Script:
     def queue(self, pipe: Pipeline, keys: Sequence[Any], args: Sequence[Any]) -> None:
         """Queue the script on a pipeline of the broker's ``commands`` (either kind)."""
         pipe.execute_command("EVAL", self.text, len(keys), *keys, *args)
+
+    def command(self, keys: Sequence[Any], args: Sequence[Any]) -> Command:
+        """The script as one command of a ``Broker.batch``: ``EVAL`` with its text, as
+        ``queue`` puts it on a pipeline."""
+        return ("EVAL", self.text, len(keys), *keys, *args)
 
     async def batch(
         self, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]], then: Sequence[Command] = ()

@@ -127,6 +127,9 @@ class _Protocol(asyncio.Protocol):
         if self.closed or self.transport is None:
             future.set_exception(RedisConnectionError("the Redis connection is closed"))
             return future
+        if not commands:  # no reply would ever come to end the batch
+            future.set_result([])
+            return future
         pack = hiredis.pack_command
         data = b"".join([pack(tuple(c)) for c in commands])  # type: ignore[arg-type]
         self._pending.append(_Batch(len(commands), [], future, self._loop.time()))

@@ -270,6 +270,25 @@ def test_entries_of_a_stream_that_vanished_are_let_go_without_an_error(server, r
     run_writer(server.url, body)
 
 
+def test_a_flush_goes_over_the_brokers_pipelining_connection_not_the_pool(server, r):
+    """Results, replies and acks of a flush are one ``Broker.batch`` (``runtime.resp``): the
+    command pool opens no connection for them."""
+    entry_id = pending_entry(r)
+    pools: list[dict[str, int]] = []
+
+    async def body(writer: ResultWriter, ledger: Ledger, client: aioredis.Redis) -> None:
+        ledger.take(STREAM, entry_id)
+        writer.put([result(entry_id, result_key="w:cache:2", ttl_ms=60_000, reply_to=REPLIES)])
+        await writer.wait_idle()
+        pool = client.connection_pool
+        pools.append({"made": len(pool._in_use_connections) + len(pool._available_connections)})
+
+    run_writer(server.url, body)
+    assert pools == [{"made": 0}]
+    assert r.get("w:cache:2") == b"payload"
+    assert r.xpending(STREAM, GROUP)["pending"] == 0
+
+
 def trims(r: redis.Redis) -> int:
     """Trim scripts run since the last CONFIG RESETSTAT (sent as EVAL in the pipeline)."""
     return int(r.info("commandstats").get("cmdstat_eval", {}).get("calls", 0))

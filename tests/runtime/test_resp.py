@@ -51,6 +51,17 @@ def test_a_batch_gets_its_replies_in_order(redis_url, namespace):
     with_connection(endpoint_of(redis_url), body)
 
 
+def test_an_empty_batch_gets_no_replies_at_once(redis_url, namespace):
+    """No reply would end it: it resolves without waiting (a writer flush that only had
+    deleted entries to let go sends nothing)."""
+
+    async def body(c: RespConnection) -> None:
+        assert await c.execute([("PING",)]) == [b"PONG"]
+        assert await asyncio.wait_for(c.execute([]), 1.0) == []
+
+    with_connection(endpoint_of(redis_url), body)
+
+
 def test_batches_in_flight_together_each_get_their_own_replies(redis_url, namespace):
     async def body(c: RespConnection) -> None:
         key = f"{namespace}:n"
