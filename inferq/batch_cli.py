@@ -199,24 +199,37 @@ def _follow(batch: Batch, args: argparse.Namespace, done: set[str]) -> dict[str,
 
 
 def _append(lines: Any, out: IO[str], done: set[str]) -> None:
+    """Append the answers not yet written as one write of whole lines, so that a reader of the
+    file (or an interrupt) never sees a line cut short by a buffer boundary."""
+    chunk: list[str] = []
     for doc in lines:
         key = doc.get("custom_id") or f"#{doc.get('line')}"
         if key not in done:
-            out.write(json.dumps(doc, separators=(",", ":")) + "\n")
+            chunk.append(json.dumps(doc, separators=(",", ":")) + "\n")
             done.add(key)
-    out.flush()
+    if chunk:
+        out.write("".join(chunk))
+        out.flush()
 
 
 def _answered(path: Path | None) -> set[str]:
-    """The custom ids (or ``#line``) already written to an output or errors file."""
+    """The custom ids (or ``#line``) already written to an output or errors file. A last line
+    cut short by a crash (no newline) is cut off the file: its answer is written again, on a
+    line of its own."""
     if path is None or not path.exists():
         return set()
+    text = path.read_text()
+    if text and not text.endswith("\n"):
+        whole = text.rfind("\n") + 1
+        with path.open("r+b") as f:
+            f.truncate(len(text[:whole].encode()))
+        text = text[:whole]
     out = set()
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             doc = json.loads(line)
         except ValueError:
-            continue  # a line cut short by a crash: its answer is written again
+            continue  # not an answer (edited by hand?): its line's answer is written again
         out.add(doc.get("custom_id") or f"#{doc.get('line')}")
     return out
 

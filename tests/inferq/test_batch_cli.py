@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from inferq.batch_cli import _answered, _append
 from tests.support import sim_body, wait_until
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,19 @@ def write_input(path: Path, n: int, model: str = "slow") -> None:
 
 
 def lines_of(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    """The whole lines of a file the CLI may be writing (a line not yet ended is not counted)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(x) for x in text[: text.rfind("\n") + 1].splitlines()]
+
+
+def test_a_last_line_cut_short_by_a_crash_is_cut_off_and_its_answer_written_again(tmp_path):
+    out = tmp_path / "out.jsonl"
+    out.write_text('{"custom_id":"r0","line":1}\n{"custom_id":"r1","li')
+    assert _answered(out) == {"r0"}
+    assert out.read_text() == '{"custom_id":"r0","line":1}\n'
+    with out.open("a") as f:
+        _append([{"custom_id": "r0"}, {"custom_id": "r1", "line": 2}], f, {"r0"})
+    assert [d["custom_id"] for d in lines_of(out)] == ["r0", "r1"]
 
 
 def test_run_interrupted_and_run_again_resumes_without_rerunning_a_line(stack, tmp_path):
