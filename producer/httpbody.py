@@ -8,6 +8,7 @@ submission, model control) read bodies through these same functions, from the AS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING
@@ -27,6 +28,11 @@ from runtime.tracing import REQUEST_TRACE
 
 if TYPE_CHECKING:
     from producer.settings import GatewaySettings
+
+BODY_RECEIVED = "inferq.body_received"
+"""Set (True) in a request's ASGI scope by the gateway's HTTP protocol (``producer.server``)
+when the whole body had arrived before the app began reading it: ``receive`` then returns it
+without waiting, so no ``--body-timeout-s`` timer is armed for it (``body_received``)."""
 
 JSON_TYPES = ("application/json",)
 BINARY_TYPES = ("application/octet-stream",)
@@ -102,6 +108,11 @@ def request_headers(scope: Scope) -> dict[str, str]:
     return headers
 
 
+def body_received(scope: Scope) -> bool:
+    """Whether the request's whole body is already in the server's buffer (``BODY_RECEIVED``)."""
+    return scope.get(BODY_RECEIVED, False) is True
+
+
 def no_cache(headers: Mapping[str, str]) -> bool:
     """``Cache-Control: no-cache`` (or ``no-store``): the caller wants a fresh answer."""
     directives = headers.get("cache-control", "").lower()
@@ -121,17 +132,24 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 async def read_inference_body(
-    headers: Mapping[str, str], receive: Receive, hold: BodyHold, settings: GatewaySettings
+    headers: Mapping[str, str],
+    receive: Receive,
+    hold: BodyHold,
+    settings: GatewaySettings,
+    *,
+    received: bool = False,
 ) -> tuple[bytes, int | None]:
     """A V2 inference body (infer, job submission) and its binary header length, held against
-    ``--max-inflight-bytes`` as it arrives. The content type is checked first: 415 at once."""
+    ``--max-inflight-bytes`` as it arrives. The content type is checked first: 415 at once.
+    ``received`` (``body_received``): the whole body has arrived, so ``receive`` cannot wait
+    and ``--body-timeout-s`` needs no timer."""
     length = header_length(headers)
     raw = await read_body(
         headers,
         body_chunks(receive),
         settings.max_body_bytes,
         hold=hold,
-        timeout_s=settings.body_timeout_s,
+        timeout_s=None if received else settings.body_timeout_s,
     )
     return raw, length
 
@@ -156,8 +174,10 @@ async def read_body(
         hold.grow_to(declared)
     parts = []
     size = 0
+    # Without a timeout, no Timeout at all: entering one costs a few µs a request even unarmed.
+    deadline = contextlib.nullcontext() if timeout_s is None else asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with deadline:
             async for chunk in chunks:
                 size += len(chunk)
                 if size > limit:
