@@ -65,7 +65,7 @@ def test_a_received_body_is_read_whole_and_an_incomplete_one_still_times_out():
     assert _read(True, whole) == (b"{}", None)
     assert _read(False, whole) == (b"{}", None)
     part = {"type": "http.request", "body": b"{", "more_body": True}
-    with pytest.raises(RequestTimeout):
+    with pytest.raises(RequestTimeout, match="received 1 bytes"):
         _read(False, part)
 
 
