@@ -182,8 +182,9 @@ class InferenceService:
         """The logger of the one log call every request makes ("request queued", debug), bound
         once: the module's ``log`` is structlog's lazy proxy, which builds a logger at every
         call (about 3.5 µs, debug on or off). Bound when the gateway starts (``Gateway.start``),
-        after the entry point has configured logging; it follows later changes of processors,
-        not of the level or output."""
+        after the entry point has configured logging; a later ``structlog.configure`` does not
+        reach it (``structlog.testing.capture_logs``, which edits the processors in place,
+        does)."""
 
     def hold_body(self, header_bytes: int = 0) -> BodyHold:
         """A hold on a request's bytes against ``--max-inflight-bytes``: its headers' at once,
