@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from producer.errors import GatewayError, http_form
 from producer.httpbody import (
+    body_received,
     caller_traceparent,
     header_bytes,
     no_cache,
@@ -69,7 +70,9 @@ async def respond(
     headers = request_headers(scope)
     service = gateway.service
     with service.hold_body(header_bytes(scope)) as hold:
-        raw, length = await read_inference_body(headers, receive, hold, gateway.settings)
+        raw, length = await read_inference_body(
+            headers, receive, hold, gateway.settings, received=body_received(scope)
+        )
         trace_context = caller_traceparent(headers)
         outcome = await service.infer(
             model,

@@ -28,6 +28,11 @@ from runtime.tracing import REQUEST_TRACE
 if TYPE_CHECKING:
     from producer.settings import GatewaySettings
 
+BODY_RECEIVED = "inferq.body_received"
+"""Set (True) in a request's ASGI scope by the gateway's HTTP protocol (``producer.server``)
+when the whole body had arrived before the app began reading it: ``receive`` then returns it
+without waiting, so no ``--body-timeout-s`` timer is armed for it (``body_received``)."""
+
 JSON_TYPES = ("application/json",)
 BINARY_TYPES = ("application/octet-stream",)
 
@@ -102,6 +107,11 @@ def request_headers(scope: Scope) -> dict[str, str]:
     return headers
 
 
+def body_received(scope: Scope) -> bool:
+    """Whether the request's whole body is already in the server's buffer (``BODY_RECEIVED``)."""
+    return scope.get(BODY_RECEIVED, False) is True
+
+
 def no_cache(headers: Mapping[str, str]) -> bool:
     """``Cache-Control: no-cache`` (or ``no-store``): the caller wants a fresh answer."""
     directives = headers.get("cache-control", "").lower()
@@ -121,17 +131,24 @@ async def body_chunks(receive: Receive) -> AsyncIterator[bytes]:
 
 
 async def read_inference_body(
-    headers: Mapping[str, str], receive: Receive, hold: BodyHold, settings: GatewaySettings
+    headers: Mapping[str, str],
+    receive: Receive,
+    hold: BodyHold,
+    settings: GatewaySettings,
+    *,
+    received: bool = False,
 ) -> tuple[bytes, int | None]:
     """A V2 inference body (infer, job submission) and its binary header length, held against
-    ``--max-inflight-bytes`` as it arrives. The content type is checked first: 415 at once."""
+    ``--max-inflight-bytes`` as it arrives. The content type is checked first: 415 at once.
+    ``received`` (``body_received``): the whole body has arrived, so ``receive`` cannot wait
+    and ``--body-timeout-s`` needs no timer."""
     length = header_length(headers)
     raw = await read_body(
         headers,
         body_chunks(receive),
         settings.max_body_bytes,
         hold=hold,
-        timeout_s=settings.body_timeout_s,
+        timeout_s=None if received else settings.body_timeout_s,
     )
     return raw, length
 
@@ -154,26 +171,39 @@ async def read_body(
         )
     if hold is not None and declared is not None:
         hold.grow_to(declared)
-    parts = []
-    size = 0
-    try:
-        async with asyncio.timeout(timeout_s):
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > limit:
-                    raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-                if hold is not None:
-                    hold.grow_to(size)
-                parts.append(chunk)
-    except TimeoutError:
-        raise RequestTimeout(
-            f"the request body did not arrive within {timeout_s:g} s (received {size} bytes)"
-        ) from None
+    parts: list[bytes] = []
+    if timeout_s is None:
+        # No Timeout at all: entering one (or a null context) costs µs a request, unarmed too.
+        await _gather(chunks, limit, hold, parts)
+    else:
+        try:
+            async with asyncio.timeout(timeout_s):
+                await _gather(chunks, limit, hold, parts)
+        except TimeoutError:
+            raise RequestTimeout(
+                f"the request body did not arrive within {timeout_s:g} s "
+                f"(received {sum(map(len, parts))} bytes)"
+            ) from None
     body = parts[0] if len(parts) == 1 else b"".join(parts)
     encoding = headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     return _inflate(body, encoding, limit, hold)
+
+
+async def _gather(
+    chunks: AsyncIterator[bytes], limit: int, hold: BodyHold | None, parts: list[bytes]
+) -> None:
+    """Append the body's chunks to ``parts`` as they arrive (so a timeout can tell how much
+    came): 413 past ``limit``; with a ``hold``, each chunk is held first (429)."""
+    size = 0
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        if hold is not None:
+            hold.grow_to(size)
+        parts.append(chunk)
 
 
 def _inflate(body: bytes, encoding: str, limit: int, hold: BodyHold | None) -> bytes:

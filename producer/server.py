@@ -6,7 +6,9 @@ and sends nothing, or trickles a header line now and then (slowloris), holds a s
 protocol object for ever. ``HeaderDeadline`` gives each request ``--header-timeout-s`` from its
 connection opening, or from the first byte of a following request, to complete its headers,
 then answers 408 and closes. Bodies are bounded by the app itself (``--body-timeout-s``, see
-``producer.app``).
+``producer.app``); a request whose body has all arrived by the time the parser has seen it is
+marked in its scope (``producer.httpbody.BODY_RECEIVED``), and the infer path arms no body
+timer for it: its ``receive`` cannot wait.
 
 Nor does httptools (uvicorn's parser whenever it is installed, as it is here) bound a request's
 header block: it hands each header to uvicorn, which keeps them all, so 64 connections sending a
@@ -29,6 +31,7 @@ import uvicorn
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from producer.errors import GatewayError, PayloadTooLarge, TooManyRequests, http_form
+from producer.httpbody import BODY_RECEIVED
 from producer.inflight import BodyHold, InflightBytes
 from producer.settings import GatewaySettings
 
@@ -174,6 +177,11 @@ class HeaderDeadline(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         between_requests = cycle is None or cycle.response_complete
         super().data_received(data)
         self._note_cycle()
+        cycle = self.cycle
+        if cycle is not None and not cycle.more_body:
+            # The request's body is all in (or it has none): the app reads it without waiting
+            # and arms no body timer for it (``producer.httpbody.BODY_RECEIVED``).
+            cycle.scope[BODY_RECEIVED] = True
         if self._header_timer is not None:
             if self.cycle is not self._cycle_at_arm:
                 self._disarm()  # the headers are complete: a request cycle began

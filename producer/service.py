@@ -178,6 +178,13 @@ class InferenceService:
         self.inflight = inflight or InflightBytes(settings.max_inflight_bytes)
         """The gateway's budget (shared with its HTTP server, which holds headers on it)."""
         self.terms = infer_terms(settings)
+        self._queued_log = log.bind()
+        """The logger of the one log call every request makes ("request queued", debug), bound
+        once: the module's ``log`` is structlog's lazy proxy, which builds a logger at every
+        call (about 3.5 µs, debug on or off). Bound when the gateway starts (``Gateway.start``),
+        after the entry point has configured logging; a later ``structlog.configure`` does not
+        reach it (``structlog.testing.capture_logs``, which edits the processors in place,
+        does)."""
 
     def hold_body(self, header_bytes: int = 0) -> BodyHold:
         """A hold on a request's bytes against ``--max-inflight-bytes``: its headers' at once,
@@ -374,7 +381,7 @@ class InferenceService:
         waiter.enqueued(stream, text(entry_id), request.result_key)
         self.registry.note_queued(request.model)
         await self._wake_loaders(request.model)
-        log.debug(
+        self._queued_log.debug(
             "request queued",
             component="gateway",
             request_id=request.id,

@@ -17,7 +17,7 @@ import tritonclient.http as triton
 from producer.errors import BadRequest
 from producer.v2_request import InferRequestBody, parse_infer_request, parse_json_object
 from protocol.registry import ModelMetadata, TensorSpec
-from protocol.tensor import Tensor, pack_bytes_elements
+from protocol.tensor import DTYPES, Tensor, pack_bytes_elements
 
 
 def _model(name: str, inputs: list[TensorSpec], outputs: list[TensorSpec]) -> ModelMetadata:
@@ -750,3 +750,27 @@ def test_parse_json_object_names_what_it_was_parsing() -> None:
         parse_json_object(b"{nope", "load request")
     with pytest.raises(BadRequest, match="load request must be a JSON object, got a string"):
         parse_json_object(b'"x"', "load request")
+
+
+@pytest.mark.parametrize("datatype", ["FP16", "FP32", "FP64"])
+def test_float_data_at_and_past_the_datatype_limit_converts_as_numpy_rounds_it(
+    datatype: str,
+) -> None:
+    """The one-reduction path for float data (the common case) must agree with the checks it
+    skips: the largest finite value and its negation convert exactly; a value past it that
+    rounds to that value converts to it; one that rounds to infinity is refused."""
+    dtype = DTYPES[datatype]
+    top = float(np.finfo(dtype).max)
+    model = _model("f", [TensorSpec("x", datatype, (-1,))], [])
+
+    def parsed(values: list[float]) -> np.ndarray:
+        body = _json({"inputs": [_input("x", datatype, [len(values)], values)]})
+        return _as_numpy(parse_infer_request(body, None, model).inputs[0])
+
+    assert parsed([top, -top, 0.5, -0.0]).tolist() == [top, -top, 0.5, -0.0]
+    if datatype == "FP64":
+        return  # a float64 past its limit is not a finite JSON number: refused as such
+    ulp = 2.0 ** (np.finfo(dtype).maxexp - 1 - np.finfo(dtype).nmant)  # the spacing at the top
+    assert parsed([0.25, top + ulp / 4]).tolist() == [0.25, top]  # rounds down: no overflow
+    message = _bad_input(model, _input("x", datatype, [2], [0.25, -(top + ulp)]))
+    assert f"a value is out of range for {datatype}" in message
