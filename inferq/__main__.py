@@ -1,5 +1,3 @@
-import sys
+from inferq.cli import entry
 
-from inferq.cli import main
-
-sys.exit(main())
+entry()

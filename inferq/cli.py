@@ -13,8 +13,8 @@ import asyncio
 import os
 import socket
 import sys
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NoReturn
 
 import structlog
 
@@ -32,6 +32,7 @@ from protocol.exits import (
     restarts_from,
 )
 from protocol.options import add_flags, from_args
+from runtime import runner
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -151,8 +152,19 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
         server.should_exit = True
 
     gateway.on_fatal = stop_server  # a crashed loop: stop, then exit non-zero
+
+    def exit_code(error: BaseException | None = None) -> int:
+        if gateway.failure is not None:
+            return EXIT_LOOP_FAILED
+        return EXIT_OK if server.started and error is None else EXIT_FAILED
+
     try:
-        server.run(sockets=[listener])
+        runner.run(
+            server.serve(sockets=[listener]),
+            exit_code=exit_code,
+            what="inferq gateway",
+            loop_factory=server.config.get_loop_factory(),
+        )
     finally:
         if metrics is not None:
             metrics.stop()
@@ -161,8 +173,7 @@ def run_gateway(args: argparse.Namespace, environ: Mapping[str, str] = os.enviro
             f"inferq gateway: {gateway.failure}; exiting so that a supervisor restarts it",
             file=sys.stderr,
         )
-        return EXIT_LOOP_FAILED
-    return EXIT_OK if server.started else EXIT_FAILED
+    return exit_code()
 
 
 def _gateway_listener(args: argparse.Namespace, settings: GatewaySettings) -> socket.socket:
@@ -222,8 +233,15 @@ def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ
         with signals.installed_on(asyncio.get_running_loop()):
             await worker.run()
 
+    def exit_code(error: BaseException | None) -> int:
+        if isinstance(error, (RepositoryError, MetricsPortError)):
+            return EXIT_USAGE
+        if isinstance(error, LoopCrashed):
+            return EXIT_LOOP_FAILED
+        return EXIT_OK if error is None else EXIT_FAILED
+
     try:
-        _run(main())
+        runner.run(main(), exit_code=exit_code, what="inferq worker", loop_factory=_loop_factory())
     except (RepositoryError, MetricsPortError) as e:
         print(f"inferq worker: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -233,13 +251,13 @@ def run_worker(args: argparse.Namespace, environ: Mapping[str, str] = os.environ
     return EXIT_OK
 
 
-def _run(coro: Any) -> None:
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's loop where it is installed (as for the gateway, uvicorn's "auto")."""
     try:
         import uvloop
-
-        uvloop.run(coro)
     except ImportError:
-        asyncio.run(coro)
+        return None
+    return uvloop.new_event_loop
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -278,5 +296,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     return run_up(args)
 
 
+def entry() -> NoReturn:
+    """The ``inferq`` command (its console script, ``python -m inferq``): ``main``, then an exit
+    that a thread left running cannot hold up (``runtime.runner.exit``)."""
+    runner.exit(main(), what="inferq")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -510,6 +510,8 @@ def test_stopping_the_stack_stops_everything_cleanly_and_down_removes_all_of_it(
     stop_s = time.monotonic() - started
     exits = {c["Name"]: c["State"]["ExitCode"] for c in stack.containers()}
     report("stack stopped", seconds=round(stop_s, 2), exits=exits)
-    assert set(exits.values()) == {0}, exits
+    assert set(exits.values()) == {0}, {
+        name: container_log(name, "--tail", "40") for name, code in exits.items() if code
+    }
     stack.compose("down", "-v")
     assert stack.leftovers() == {"containers": [], "pods": [], "networks": [], "volumes": []}
