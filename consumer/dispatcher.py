@@ -237,8 +237,8 @@ class Dispatcher:
             )
         slot.call_took(version, rows, outcome.infer_s, inline=inline)
         self._observe(batch, outcome, started, rows)
-        result = ctx.outcomes.result
-        ctx.put([result(d, r) for d, r in zip(batch, outcome.results, strict=True)])
+        result, finished = ctx.outcomes.result, time.monotonic()
+        ctx.put([result(d, r, finished) for d, r in zip(batch, outcome.results, strict=True)])
         # An inline batch never awaited: let the writer send these results and the reader
         # read on before the next batch.
         await asyncio.sleep(0)
