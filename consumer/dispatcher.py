@@ -30,6 +30,7 @@ from protocol.jobs import Claim, JobStatus
 from protocol.keys import JOB_EVENTS_MAXLEN
 from protocol.messages import EVENT_STATUS_FIELD, JOB_EVENT_FIELD, Kind, Status
 from runtime.aio import cancelling
+from runtime.broker import Broker
 from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.worker")
@@ -55,12 +56,14 @@ class Dispatcher:
         slot: ModelSlot,
         *,
         redis: aioredis.Redis,
+        broker: Broker,
         leases: JobLeases,
         reader: ReadSide,
     ) -> None:
         self._ctx = context
         self.slot = slot
         self._redis = redis
+        self._broker = broker
         self._leases = leases
         self._reader = reader
         self._keys = context.keys
@@ -112,7 +115,9 @@ class Dispatcher:
 
     async def _drop_cancelled(self, batch: list[Queued[Delivery]]) -> list[Queued[Delivery]]:
         """Acknowledge, unrun, the requests whose callers have gone (``protocol.cancellation``):
-        one ZMSCORE for the whole batch. If Redis cannot say, they run (it only costs work)."""
+        one ZMSCORE for the whole batch, on the broker's pipelining connection (``Broker.batch``:
+        no pool checkout or redis-py packing per batch). If Redis cannot say, they run (it only
+        costs work)."""
         oldest = self._now_ms() - CHECK_AFTER_MS
         # Jobs (no caller waits on a reply stream) are cancelled through their record instead.
         ids = [
@@ -124,7 +129,9 @@ class Dispatcher:
             return batch
         model = self.slot.model.name
         try:
-            scores = await self._redis.zmscore(self._keys.cancelled(model), ids)
+            (scores,) = await self._broker.batch([("ZMSCORE", self._keys.cancelled(model), *ids)])
+            if isinstance(scores, BaseException):  # an error reply, returned, not raised
+                raise scores
         except RETRYABLE as e:
             log.warning("could not check for cancelled requests", error=str(e))
             return batch
