@@ -14,6 +14,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
+from operator import attrgetter
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -29,9 +30,13 @@ from protocol.jobs import Claim, JobStatus
 from protocol.keys import JOB_EVENTS_MAXLEN
 from protocol.messages import EVENT_STATUS_FIELD, JOB_EVENT_FIELD, Kind, Status
 from runtime.aio import cancelling
+from runtime.broker import Broker
 from runtime.faults import RETRYABLE
 
 log = structlog.get_logger("inferq.worker")
+
+_RESULT_LABELS = attrgetter("model", "version", "status")
+"""A result's (model, version, status): what ``inferq_worker_requests_total`` counts by."""
 
 
 class ReadSide(Protocol):
@@ -51,12 +56,14 @@ class Dispatcher:
         slot: ModelSlot,
         *,
         redis: aioredis.Redis,
+        broker: Broker,
         leases: JobLeases,
         reader: ReadSide,
     ) -> None:
         self._ctx = context
         self.slot = slot
         self._redis = redis
+        self._broker = broker
         self._leases = leases
         self._reader = reader
         self._keys = context.keys
@@ -108,7 +115,9 @@ class Dispatcher:
 
     async def _drop_cancelled(self, batch: list[Queued[Delivery]]) -> list[Queued[Delivery]]:
         """Acknowledge, unrun, the requests whose callers have gone (``protocol.cancellation``):
-        one ZMSCORE for the whole batch. If Redis cannot say, they run (it only costs work)."""
+        one ZMSCORE for the whole batch, on the broker's pipelining connection (``Broker.batch``:
+        no pool checkout or redis-py packing per batch). If Redis cannot say, they run (it only
+        costs work)."""
         oldest = self._now_ms() - CHECK_AFTER_MS
         # Jobs (no caller waits on a reply stream) are cancelled through their record instead.
         ids = [
@@ -120,7 +129,9 @@ class Dispatcher:
             return batch
         model = self.slot.model.name
         try:
-            scores = await self._redis.zmscore(self._keys.cancelled(model), ids)
+            (scores,) = await self._broker.batch([("ZMSCORE", self._keys.cancelled(model), *ids)])
+            if isinstance(scores, BaseException):  # an error reply, returned, not raised
+                raise scores
         except RETRYABLE as e:
             log.warning("could not check for cancelled requests", error=str(e))
             return batch
@@ -237,8 +248,8 @@ class Dispatcher:
             )
         slot.call_took(version, rows, outcome.infer_s, inline=inline)
         self._observe(batch, outcome, started, rows)
-        result = ctx.outcomes.result
-        ctx.put([result(d, r) for d, r in zip(batch, outcome.results, strict=True)])
+        result, finished = ctx.outcomes.result, time.monotonic()
+        ctx.put([result(d, r, finished) for d, r in zip(batch, outcome.results, strict=True)])
         # An inline batch never awaited: let the writer send these results and the reader
         # read on before the next batch.
         await asyncio.sleep(0)
@@ -280,9 +291,8 @@ class Dispatcher:
             inference_s=outcome.infer_s,
             exemplar=exemplar,
         )
-        metrics.observe_results(
-            Counter((r.model, r.version, r.status.value) for r in outcome.results)
-        )
+        counts = Counter(map(_RESULT_LABELS, outcome.results))  # the tuples built in C
+        metrics.observe_results({(m, v, s.value): n for (m, v, s), n in counts.items()})
         debug = log.is_enabled_for(logging.DEBUG)
         if not debug and not outcome.failures:
             stats.executed.extend(d.request.id for d in batch)

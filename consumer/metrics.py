@@ -7,11 +7,11 @@ once, with its help text and fixed label names. Who calls what:
 - ``Worker.start``: ``set_info(self.id)``, ``track_held(lambda: self.holding)``; when the
   metrics port is not 0, ``MetricsServer(metrics.registry, port, host).start()``. ``Worker.stop``
   calls ``await asyncio.to_thread(server.stop)`` last.
-- ``Worker.accept`` (entries from a read or a reclaim), per request decoded:
-  ``observe_dequeued(model, lane, (now_ms - request.enqueued_ms) / 1000)`` (lane:
-  ``LANES_BY_PRIORITY[slot.lane_of[stream]].value``); per entry sent to the dead-letter stream:
-  ``observe_dead_letter(model, "undecodable")``, or ``"poison"`` when ``poison(i)`` named a
-  reason.
+- ``Reader.accept`` (entries from a read or a reclaim), once per call with a value per request
+  decoded and queued: ``observe_dequeued_many(model, lane, [(now_ms - request.enqueued_ms) /
+  1000, ...])`` (lane: ``LANES_BY_PRIORITY[slot.lane_of[stream]].value``); per entry sent to
+  the dead-letter stream: ``observe_dead_letter(model, "undecodable")``, or ``"poison"`` when
+  ``poison(i)`` named a reason.
 - ``Worker._run_batch``, after the model call: ``observe_batch(model, requests=len(batch),
   rows=sum of rows_of(request), batch_waits_s=[started - d.read_at ...],
   inference_s=outcome.infer_s)``, and ``observe_results({(model, version, status): count})``.
@@ -43,7 +43,7 @@ clock skew does not enter it; the other stages use this process's monotonic cloc
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -253,11 +253,16 @@ class WorkerMetrics:
         self.held.set_function(count)
 
     def observe_dequeued(self, model: str, lane: str, queue_wait_s: float) -> None:
-        # Per request: the labelled child is looked up in a dict of our own, not by labels().
+        self.observe_dequeued_many(model, lane, (queue_wait_s,))
+
+    def observe_dequeued_many(self, model: str, lane: str, queue_waits_s: Iterable[float]) -> None:
+        """Requests of one model and lane read together: one queue-wait value per request, the
+        labelled child looked up once (in a dict of our own, not by labels())."""
         child = self._queue_waits.get((model, lane))
         if child is None:
             child = self._queue_waits[(model, lane)] = self.queue_wait.labels(model, lane)
-        child.observe(max(0.0, queue_wait_s))
+        for seconds in queue_waits_s:
+            child.observe(max(0.0, seconds))
 
     def observe_batch(
         self,

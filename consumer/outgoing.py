@@ -126,11 +126,16 @@ class Outcomes:
         )
         return self.result(d, result)
 
-    def result(self, d: Delivery, result: InferResult) -> Outgoing:
+    def result(
+        self, d: Delivery, result: InferResult, finished_at: float | None = None
+    ) -> Outgoing:
         """A request answered (run by the model, failed, expired): its result is encoded here,
-        once, for every place it is stored."""
+        once, for every place it is stored. ``finished_at`` (monotonic) is when its model call
+        ended, read once for a whole batch; by default, now."""
         r = d.request
         payload = result.encode()
+        if finished_at is None:
+            finished_at = time.monotonic()
         if r.kind is Kind.JOB:
             return Outgoing(
                 d.stream,
@@ -138,7 +143,7 @@ class Outcomes:
                 payload,
                 job=self._job_update(r, result, payload),
                 model=r.model,
-                finished_at=time.monotonic(),
+                finished_at=finished_at,
                 traceparent=r.traceparent,
             )
         return Outgoing(
@@ -146,7 +151,7 @@ class Outcomes:
             d.entry_id,
             payload,
             model=r.model,
-            finished_at=time.monotonic(),
+            finished_at=finished_at,
             traceparent=r.traceparent,
             # Only successes are stored: the result key doubles as the cache entry.
             result_key=r.result_key if result.status is Status.OK else None,

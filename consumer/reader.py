@@ -300,6 +300,8 @@ class Reader:
         now, now_ms = time.monotonic(), ctx.clock.now_ms()
         ledger, max_deliveries = ctx.ledger, ctx.settings.max_deliveries
         out: list[Outgoing] = []
+        lane = slot.lane_of[stream]
+        queue_waits: list[float] = []
         for i, (entry_id, fields) in enumerate(entries):
             if not ledger.take(stream, entry_id):
                 continue  # re-read from our pending list while we still hold it
@@ -315,7 +317,12 @@ class Reader:
             if times > max_deliveries:
                 out.append(self._poisoned(slot, delivery, times, fields.get(FIELD, b"")))
                 continue
-            self._queue(slot, delivery, times)
+            queue_waits.append((now_ms - request.enqueued_ms) / 1000)
+            self._queue(slot, delivery, lane, times)
+        if queue_waits:
+            ctx.metrics.observe_dequeued_many(
+                slot.model.name, LANES_BY_PRIORITY[lane].value, queue_waits
+            )
         slot.notify()
         if out:
             ctx.put(out)
@@ -365,12 +372,8 @@ class Reader:
         self._ctx.metrics.observe_dead_letter(slot.model.name, "poison")
         return self._ctx.outcomes.poisoned(d, reason, raw)
 
-    def _queue(self, slot: ModelSlot, d: Delivery, times: int) -> None:
-        lane = slot.lane_of[d.stream]
+    def _queue(self, slot: ModelSlot, d: Delivery, lane: int, times: int) -> None:
         r = d.request
-        self._ctx.metrics.observe_dequeued(
-            slot.model.name, LANES_BY_PRIORITY[lane].value, (d.read_ms - r.enqueued_ms) / 1000
-        )
         slot.enqueue(
             Queued(
                 d,

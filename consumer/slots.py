@@ -9,7 +9,6 @@ slot's methods, one per transition, never by a part writing its fields.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -188,10 +187,18 @@ class ModelSlot:
 
     async def wait_for_news(self, timeout_s: float | None) -> None:
         """Until ``notify`` (or a drained read), at most ``timeout_s`` (None: no limit)."""
-        self._changed.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout_s):  # no task per wait, unlike wait_for
-                await self._changed.wait()
+        changed = self._changed
+        changed.clear()
+        if timeout_s is None:
+            await changed.wait()
+            return
+        # The window's end is news as well: one loop timer that sets the event. No task per
+        # wait (unlike wait_for), and no Timeout object cancelling this task when it fires.
+        timer = asyncio.get_running_loop().call_later(timeout_s, changed.set)
+        try:
+            await changed.wait()
+        finally:
+            timer.cancel()
 
     def drop_expired(self, now: float) -> list[Delivery]:
         """Take out what is queued past its deadline (monotonic ``now``)."""

@@ -47,11 +47,12 @@ class InferenceStats:
             stats.inference_count += n
             stats.success.record(waited_s + compute_s)
             stats.queue.record(waited_s)
-            stats.compute_input.record(input_s)
-            stats.compute_infer.record(infer_s)
-            stats.compute_output.record(output_s)
         if not succeeded:
             return
+        # The batch's compute durations count once per successful request (Triton's terms).
+        stats.compute_input.record_each(input_s, succeeded)
+        stats.compute_infer.record_each(infer_s, succeeded)
+        stats.compute_output.record_each(output_s, succeeded)
         stats.execution_count += 1
         stats.last_inference_ms = max(stats.last_inference_ms, ended_ms)
         size = stats.batches.setdefault(sum(rows), BatchStats())

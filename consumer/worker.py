@@ -398,11 +398,12 @@ class Worker:
 
     def _dispatcher(self, slot: ModelSlot) -> Dispatcher:
         assert self.context is not None and self._reader is not None
-        assert self._redis is not None
+        assert self._redis is not None and self.broker is not None
         return Dispatcher(
             self.context,
             slot,
             redis=self._redis,
+            broker=self.broker,
             leases=self.leases,
             reader=self._reader,
         )

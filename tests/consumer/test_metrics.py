@@ -180,6 +180,17 @@ def test_label_values_stay_in_their_fixed_sets():
     assert sample(m, "inferq_worker_queue_wait_seconds_sum", model="digits", lane="normal") == 0
 
 
+def test_requests_read_together_still_get_one_queue_wait_value_each():
+    m = WorkerMetrics()
+    m.observe_dequeued_many("digits", "high", [0.002, -0.001, 0.5])
+    m.observe_dequeued_many("digits", "high", [])
+    m.observe_dequeued("digits", "high", 0.25)
+    wait = "inferq_worker_queue_wait_seconds"
+    assert sample(m, f"{wait}_count", model="digits", lane="high") == 4
+    assert sample(m, f"{wait}_sum", model="digits", lane="high") == pytest.approx(0.752)
+    assert sample(m, f"{wait}_bucket", model="digits", lane="high", le="0.001") == 1
+
+
 def test_each_worker_metrics_object_has_its_own_registry():
     a, b = WorkerMetrics(), WorkerMetrics()
     a.observe_expired("digits")

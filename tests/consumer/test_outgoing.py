@@ -3,6 +3,8 @@ logic, no Redis."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from consumer.outgoing import Outcomes
@@ -68,3 +70,13 @@ def test_a_job_result_goes_to_its_record():
     out = outcomes().result(delivery("", reply_to=None, kind=Kind.JOB), ok())
     assert out.job is not None and out.job.key == KEYS.job("r1")
     assert out.result_key is None and not out.result_backup
+
+
+def test_the_reply_clock_starts_when_the_batch_ended_or_else_now():
+    # A batch's results share the moment its model call ended; a lone answer takes "now".
+    for kind in (Kind.INFER, Kind.JOB):
+        given = outcomes().result(delivery(KEYS.result("r1"), kind=kind), ok(), 12.5)
+        assert given.finished_at == 12.5
+    before = time.monotonic()
+    out = outcomes().result(delivery(KEYS.result("r1")), ok())
+    assert before <= out.finished_at <= time.monotonic()

@@ -167,3 +167,25 @@ def test_job_batches_are_small_while_synchronous_requests_come_and_full_once_the
     now[0] += FOREGROUND_QUIET_S
     assert slot.batch_limit() == 8
     assert len(slot.take_batch()) == 8
+
+
+def test_a_wait_for_news_ends_at_its_timeout_or_at_news_and_leaves_no_timer(slot):
+    async def check() -> None:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.wait_for(slot.wait_for_news(0.01), 5)  # no news: the window ends it
+        assert loop.time() - started >= 0.01 * 0.9
+        task = asyncio.ensure_future(slot.wait_for_news(60))
+        await asyncio.sleep(0)  # waiting now
+        slot.notify()
+        await asyncio.wait_for(task, 5)  # news ends it long before its timeout
+        # The 60 s timer went with the wait: a later wait is not woken by it.
+        assert not [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+        task = asyncio.ensure_future(slot.wait_for_news(60))
+        await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not [h for h in loop._scheduled if not h.cancelled()]  # type: ignore[attr-defined]
+
+    asyncio.run(check())

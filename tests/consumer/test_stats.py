@@ -35,3 +35,25 @@ def test_a_batch_that_failed_whole_is_no_execution_and_an_expiry_is_a_failure() 
     assert (v.execution_count, v.inference_count, v.batches) == (0, 0, {})
     assert v.fail.count == 2
     assert WorkerStatistics.decode(stats.encode()) == stats.totals
+
+
+def test_a_batch_s_compute_durations_sum_as_one_record_per_successful_request() -> None:
+    # Recorded once per batch (``Duration.record_each``), the sums are those of one
+    # ``record`` per successful request, rounding included.
+    stats = InferenceStats()
+    ok, failed = Status.OK, Status.FAILED
+    results = [result(ok, 1, 0), result(failed, 1, 0), result(ok, 1, 0), result(ok, 2, 0)]
+    input_s, infer_s, output_s = 1.2345678e-4, 3.33333333e-3, 7.77777777e-7
+    stats.batch(
+        results, [1, 1, 1, 1], input_s=input_s, infer_s=infer_s, output_s=output_s, ended_ms=1
+    )
+    v = stats.totals.models["m"]["2"]
+    for got, seconds in (
+        (v.compute_input, input_s),
+        (v.compute_infer, infer_s),
+        (v.compute_output, output_s),
+    ):
+        expected = Duration()
+        for _ in range(3):
+            expected.record(seconds)
+        assert got == expected

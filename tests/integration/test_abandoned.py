@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 from producer.app import create_app
 from producer.v2_request import parse_infer_request
 from protocol.cancellation import CHECK_AFTER_MS
-from protocol.keys import Keys
+from protocol.keys import Keys, Lane
 from tests.support import sim_body, wait_until
 
 ABANDONED = 200
@@ -116,3 +116,33 @@ def test_requests_answered_at_once_cost_no_cancellation_lookup(stack, redis_url)
             for i in range(20):  # one at a time: each its own batch, read as soon as queued
                 assert c.post("/v2/models/sim/infer", json=sim_body(i)).status_code == 200
         assert lookups(r) - before <= 2  # a stalled machine may age one past CHECK_AFTER_MS
+
+
+def test_requests_run_when_redis_answers_the_cancellation_lookup_with_an_error(stack, redis_url):
+    # An error reply to the ZMSCORE (here WRONGTYPE: the set's key holds a string) is "Redis
+    # cannot say": the requests run, as they would have anyway.
+    s = stack(models=("sim",))
+    worker = s.workers[0]
+    assert s.infer("sim", sim_body(1)).status_code == 200
+    ran_before = worker.stats.requests
+    with redis.Redis.from_url(redis_url) as r:
+        r.set(Keys(s.namespace).cancelled("sim"), b"not a sorted set")
+        with worker.paused():
+            sockets = [send_and_hold(s.gateway.settings.port, i) for i in range(5)]
+            wait_until(
+                lambda: r.xlen(Keys(s.namespace).stream("sim", Lane.NORMAL)) >= 6,
+                what="the requests to be queued",
+            )
+            # Old enough to be looked up once the worker runs them.
+            start = redis_ms(r)
+            wait_until(lambda: redis_ms(r) - start > CHECK_AFTER_MS, what="the check age")
+        try:
+            wait_until(
+                lambda: worker.stats.requests - ran_before == 5,
+                timeout_s=20,
+                what="every request to run despite the error reply",
+            )
+        finally:
+            for sock in sockets:
+                sock.close()
+    assert worker.stats.cancelled == 0
