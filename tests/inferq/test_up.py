@@ -74,6 +74,18 @@ def _replies_per_gateway(redis_url: str, namespace: str) -> dict[str, int]:
         }
 
 
+def _until_every_gateway_serves(url: str, in_a_row: int = 20, timeout_s: float = 30) -> None:
+    """Until ``in_a_row`` requests in a row, each on a new connection, are answered right.
+    ``inferq up`` says it serves once one gateway is ready on the shared port; a gateway that
+    started before the worker advertised itself refuses until its next registry refresh (a
+    second at most), and each connection lands on a gateway at random."""
+    deadline, streak, i = time.monotonic() + timeout_s, 0, 1000
+    while streak < in_a_row:
+        assert time.monotonic() < deadline, f"not {in_a_row} right answers in a row"
+        streak = streak + 1 if _fresh_connections(url, 1, offset=i)[0] else 0
+        i += 1
+
+
 def _infer_200s(metrics_port: int) -> int:
     """``inferq_gateway_requests_total`` of sim's 200s, read from one gateway's metrics port."""
     text = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).text
@@ -91,9 +103,11 @@ def test_each_of_several_gateways_serves_its_own_metrics_port_so_all_are_scraped
     base = free_port_pair()
     u = up("--workers", "1", "--gateways", "2", "--gateway-metrics-port", str(base))
     u.wait_ready()
+    _until_every_gateway_serves(u.url)
+    before = [_infer_200s(base + i) for i in range(2)]
     # The kernel spreads new connections over both gateways; their own ports count them apart.
     assert all(_fresh_connections(u.url, 60))
-    answered = [_infer_200s(base + i) for i in range(2)]
+    answered = [_infer_200s(base + i) - before[i] for i in range(2)]
     assert sum(answered) == 60 and all(n >= 5 for n in answered), answered
     listening = u.events("metrics listening")
     assert sorted(e["address"] for e in listening) == [f"127.0.0.1:{base + i}" for i in range(2)]
@@ -164,6 +178,7 @@ def test_two_gateways_serve_one_port_and_a_killed_one_leaves_it_answering(up, re
     u = up("--workers", "1", "--gateways", "2")
     u.wait_ready()
     u.wait_for(lambda: len(_replies_per_gateway(redis_url, namespace)) == 2, "two reply streams")
+    _until_every_gateway_serves(u.url)
     before = _replies_per_gateway(redis_url, namespace)
     assert all(_fresh_connections(u.url, 60))
     served = {gid: n - before[gid] for gid, n in _replies_per_gateway(redis_url, namespace).items()}
