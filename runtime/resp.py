@@ -10,13 +10,16 @@ It is set up as redis-py sets up its connections (``Endpoint``: TCP, TLS or a Un
 database, client name) and asks its ``CLIENT ID``. Error replies are redis-py's exception
 classes, returned in place, not raised. A connection that breaks, or whose oldest batch waited
 longer than the reply timeout, fails every batch in flight (``ConnectionError``,
-``TimeoutError``) and is replaced by the next batch. No command is ever sent twice.
+``TimeoutError``) and is replaced by the next batch. No command is ever sent twice. A host name
+that misses a lookup is asked again until the connect timeout, or connects to the name's last
+addresses (``runtime.lookup``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import socket
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +31,8 @@ from redis._parsers import BaseParser
 from redis.asyncio.connection import AbstractConnection, SSLConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from runtime import lookup
 
 Command = Sequence[str | bytes | int | float]
 
@@ -211,23 +216,19 @@ class RespConnection:
             if self._protocol is not None and not self._protocol.closed:
                 return self._protocol
             e = self.endpoint
-            loop = asyncio.get_running_loop()
             protocol = _Protocol(e.reply_timeout_s)
+            unresolved: list[socket.gaierror] = []
             try:
                 async with asyncio.timeout(e.connect_timeout_s):
-                    if e.path is not None:
-                        await loop.create_unix_connection(lambda: protocol, e.path)
-                    else:
-                        await loop.create_connection(
-                            lambda: protocol,
-                            e.host,
-                            e.port,
-                            ssl=e.ssl,
-                            server_hostname=e.host if e.ssl is not None else None,
-                        )
+                    await self._reach(protocol, unresolved)
                     replies = await protocol.send(e.setup())
             except TimeoutError:
                 protocol._fail(RedisTimeoutError("timed out connecting to Redis"))
+                if unresolved:  # the name never resolved: say so, not "timed out"
+                    raise RedisConnectionError(
+                        f"cannot connect to Redis at {e.where}: {unresolved[-1]}"
+                        f" (looked up {len(unresolved)} times in {e.connect_timeout_s:g} s)"
+                    ) from None
                 raise RedisTimeoutError(f"timed out connecting to Redis at {e.where}") from None
             except OSError as err:
                 protocol._fail(RedisConnectionError("could not connect"))
@@ -242,6 +243,30 @@ class RespConnection:
             self._protocol = protocol
             self.client_id = int(replies[-1])
             return protocol
+
+    async def _reach(self, protocol: _Protocol, unresolved: list[socket.gaierror]) -> None:
+        """Open ``protocol``'s transport: to the Unix socket, else to the first of the host's
+        addresses that takes the connection (``runtime.lookup``: a lookup that misses is asked
+        again, or answered with the name's last addresses; failures go to ``unresolved``)."""
+        e = self.endpoint
+        loop = asyncio.get_running_loop()
+        if e.path is not None:
+            await loop.create_unix_connection(lambda: protocol, e.path)
+            return
+        refused: OSError = OSError(f"{e.host} has no address")
+        for _family, sockaddr in await lookup.addresses(e.host, e.port, unresolved):
+            try:
+                await loop.create_connection(
+                    lambda: protocol,
+                    sockaddr[0],
+                    sockaddr[1],
+                    ssl=e.ssl,
+                    server_hostname=e.host if e.ssl is not None else None,
+                )
+                return
+            except OSError as err:
+                refused = err
+        raise refused
 
     async def close(self) -> None:
         if self._protocol is not None:

@@ -4,6 +4,8 @@ workers and Prometheus on free host ports. The tests follow a deployment's life,
 
 - the README's digits curl, its tritonclient snippet and a tritonclient.grpc call are answered
   right through the published ports;
+- new Redis connections from inside the gateway succeed, well within the connect timeout, while
+  containers join and leave the network (each makes aardvark-dns miss lookups for a moment);
 - Prometheus scrapes the gateway and all three workers (one ``inferq_worker_info`` per
   container), every dashboard and alert query evaluates without error, and every alert rule's
   health is ``ok``;
@@ -270,6 +272,62 @@ def test_the_readmes_tritonclient_snippet_and_a_grpc_call_answer(stack):
     labels = client.infer("digits", [x], timeout=10_000_000).as_numpy("label")
     assert labels.tolist() == SAMPLES["labels"]
     client.close()
+
+
+# -- names on the project's network -------------------------------------------------------------
+
+CONNECTS = """
+import asyncio, json, sys, time
+from runtime.resp import Endpoint, RespConnection
+
+async def main(seconds):
+    took, errors = [], []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        started = time.monotonic()
+        connection = RespConnection(Endpoint("redis", 6379, connect_timeout_s=3.0))
+        try:
+            assert await connection.execute([("PING",)]) == [b"PONG"]
+        except Exception as e:
+            errors.append(f"{type(e).__name__}: {e}")
+        finally:
+            await connection.close()
+        took.append(time.monotonic() - started)
+        await asyncio.sleep(0.01)
+    seen = {"connects": len(took), "max_s": max(took), "over_1s": sum(t > 1 for t in took)}
+    print(json.dumps({**seen, "errors": errors}))
+
+asyncio.run(main(float(sys.argv[1])))
+"""
+"""For argv[1] seconds, inside a container: a new connection to ``redis``, as the gateway's
+pool opens one, then PING; how many, the slowest, and what failed."""
+
+
+def test_new_redis_connections_succeed_while_containers_join_the_network(stack):
+    """Each container that joins or leaves the project's network makes aardvark-dns set its
+    sockets up again: queries that arrive meanwhile are dropped or answered "not known"
+    (containers/aardvark-dns#389). glibc asks a dropped lookup again only after 5 s, past the
+    3 s Redis connect timeout, and the gateway refused a request with 503 (a CI run). Now a
+    name "not known" is looked up again, and one that resolved before gets its last address
+    when a lookup fails or hangs (``runtime.lookup``)."""
+    (gateway,) = stack.containers("gateway")
+    (network,) = gateway["NetworkSettings"]["Networks"]
+    probe = subprocess.Popen(
+        ["podman", "exec", gateway["Name"], "python3", "-c", CONNECTS, "10"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    joined = 0
+    deadline = time.monotonic() + 8  # containers come and go while the probe connects
+    while time.monotonic() < deadline and joined < 6:
+        podman("run", "--rm", "--network", network, IMAGES["REDIS_IMAGE"], "true")
+        joined += 1
+    out, _ = probe.communicate(timeout=60)
+    assert probe.returncode == 0, out
+    seen = json.loads(out)
+    report("dns", containers_joined=joined, **seen)
+    assert joined >= 2 and seen["connects"] >= 100, seen
+    assert seen["errors"] == [] and seen["max_s"] < 2.5, seen  # the connect timeout is 3 s
 
 
 # -- Prometheus ---------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -194,3 +195,82 @@ def test_a_connect_cancelled_while_the_session_is_set_up_closes_its_socket():
 
         server.setblocking(False)
         asyncio.run(go())
+
+
+def resolver(*behaviours: str) -> tuple[list[str], Callable[..., Awaitable[object]]]:
+    """A loop's ``getaddrinfo`` whose lookups go as ``behaviours`` say, the last one repeated:
+    "miss" (the name is not known), "hang" (no answer) or "local" (127.0.0.1); and the names it
+    was asked."""
+    asked: list[str] = []
+    real = asyncio.get_running_loop().getaddrinfo
+
+    async def getaddrinfo(host: str, *args: object, **kw: object) -> object:
+        asked.append(host)
+        then = behaviours[min(len(asked), len(behaviours)) - 1]
+        if then == "miss":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if then == "hang":
+            await asyncio.Event().wait()
+        return await real("127.0.0.1", *args, **kw)
+
+    return asked, getaddrinfo
+
+
+def a_name() -> str:
+    """A host name no other test has resolved (runtime.lookup keeps each name's last addresses)."""
+    return f"redis-{uuid.uuid4().hex[:8]}"
+
+
+def test_a_name_that_misses_a_lookup_for_a_moment_is_looked_up_again_and_connects(redis_server):
+    """A container network's DNS drops a lookup while a container joins: the connection asks
+    again within its connect timeout instead of failing the request (a deploy-test 503)."""
+    name = a_name()
+    endpoint = Endpoint(name, redis_server.port, connect_timeout_s=3)
+
+    async def go() -> None:
+        asked, getaddrinfo = resolver("miss", "miss", "local")
+        asyncio.get_running_loop().getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+        connection = RespConnection(endpoint)
+        try:
+            assert await connection.execute([("PING",)]) == [b"PONG"]
+        finally:
+            await connection.close()
+        assert asked == [name] * 3
+
+    asyncio.run(go())
+
+
+def test_a_name_whose_lookups_hang_after_it_resolved_connects_to_its_last_address(redis_server):
+    endpoint = Endpoint(a_name(), redis_server.port, connect_timeout_s=3)
+
+    async def go() -> None:
+        asked, getaddrinfo = resolver("local", "hang")
+        asyncio.get_running_loop().getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+        for _ in range(2):  # a new connection each time, as the pool opens one
+            connection = RespConnection(endpoint)
+            try:
+                assert await connection.execute([("PING",)]) == [b"PONG"]
+            finally:
+                await connection.close()
+        assert len(asked) == 2
+
+    asyncio.run(go())
+
+
+def test_a_name_that_never_resolves_fails_at_the_connect_timeout_with_the_resolvers_words():
+    name = a_name()
+    endpoint = Endpoint(name, 6379, connect_timeout_s=0.3)
+
+    async def go() -> None:
+        asked, getaddrinfo = resolver("miss")
+        asyncio.get_running_loop().getaddrinfo = getaddrinfo  # type: ignore[method-assign]
+        connection = RespConnection(endpoint)
+        with pytest.raises(RedisConnectionError) as failed:
+            await connection.execute([("PING",)])
+        assert f"cannot connect to Redis at {name}:6379: [Errno -2] Name or service not known" in (
+            str(failed.value)
+        )
+        assert 2 <= len(asked) <= 6, asked  # 50 ms, then doubling: not a busy loop
+        assert not connection.open
+
+    asyncio.run(go())
