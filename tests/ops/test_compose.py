@@ -282,6 +282,10 @@ from runtime.resp import Endpoint, RespConnection
 
 async def main(seconds):
     took, errors = [], []
+    first = RespConnection(Endpoint("redis", 6379, connect_timeout_s=3.0))
+    await first.execute([("PING",)])  # as the gateway has, before it serves
+    await first.close()
+    print("connected", flush=True)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.monotonic()
@@ -299,8 +303,9 @@ async def main(seconds):
 
 asyncio.run(main(float(sys.argv[1])))
 """
-"""For argv[1] seconds, inside a container: a new connection to ``redis``, as the gateway's
-pool opens one, then PING; how many, the slowest, and what failed."""
+"""Inside a container: once a first connection to ``redis`` has answered ("connected"), for
+argv[1] seconds a new connection, as the gateway's pool opens one, then PING; how many, the
+slowest, and what failed."""
 
 
 def test_new_redis_connections_succeed_while_containers_join_the_network(stack):
@@ -317,6 +322,7 @@ def test_new_redis_connections_succeed_while_containers_join_the_network(stack):
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert probe.stdout is not None and probe.stdout.readline() == "connected\n"
     joined = 0
     deadline = time.monotonic() + 8  # containers come and go while the probe connects
     while time.monotonic() < deadline and joined < 6:
