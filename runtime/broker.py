@@ -29,6 +29,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from runtime import lookup
 from runtime.cluster import (
     TRANSIENT_CLUSTER_ERRORS,
     GatedCluster,
@@ -45,6 +46,13 @@ from runtime.resp import Command, Endpoint, RespConnection
 
 def _no_retry() -> Retry:
     return Retry(NoBackoff(), 0)
+
+
+def _looked_up(url: str) -> dict[str, Any]:
+    """A redis-py client's connection class for ``url``: one that looks its host up as the lean
+    connection does (``runtime.lookup``), where ``url`` names a host."""
+    kind = lookup.connection_class(url)
+    return {} if kind is None else {"connection_class": kind}
 
 
 class Script:
@@ -188,6 +196,7 @@ class StandaloneBroker(Broker):
             socket_connect_timeout=settings.connect_timeout_s,
             retry=_no_retry(),
             client_name=name,
+            **_looked_up(settings.url),
         )
         self.commands = aioredis.Redis.from_pool(pool)
         self._endpoint = Endpoint.of(self.commands)
@@ -289,6 +298,7 @@ def _fresh_client(seed: str, settings: RedisSettings) -> aioredis.Redis:
         socket_timeout=settings.connect_timeout_s,
         socket_connect_timeout=settings.connect_timeout_s,
         retry=_no_retry(),
+        **_looked_up(seed),
     )
 
 

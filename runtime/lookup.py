@@ -8,13 +8,19 @@ that fails, or has not answered within ``STALE_AFTER_S``, is answered with the a
 had last ("serve stale", as RFC 8767 lets resolvers do). A name that never resolved is looked up
 again until the caller's own timeout ends it: nothing was sent yet, so asking again is safe. A
 stale address that no longer answers fails the connect as any address would.
+
+The lean connection (``runtime.resp``) calls ``addresses`` itself; redis-py's pooled clients get
+it through ``connection_class``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Mapping
 from typing import Any
+
+from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
 
 STALE_AFTER_S = 0.5
 """How long a lookup may take before the name's last addresses are used instead (a lookup on a
@@ -55,3 +61,60 @@ async def addresses(host: str, port: int, failures: list[socket.gaierror]) -> li
         if fresh:
             _last[key] = fresh
         return fresh
+
+
+class _LookedUp:
+    """redis-py's TCP connections, their host looked up here (``addresses``) instead of by
+    ``asyncio.open_connection``: the pooled clients (``Broker.commands``) meet a container
+    network's reloads as the lean connection does. The connect timeout bounds the lookups too;
+    each address is tried in turn, as ``open_connection`` would, a TLS one checked against the
+    host's name."""
+
+    host: str
+    port: int
+    socket_connect_timeout: float | None
+    _address: str | None = None
+
+    def _connection_arguments(self) -> Mapping[str, Any]:
+        arguments = dict(super()._connection_arguments())  # type: ignore[misc]
+        if self._address is not None:
+            if "ssl" in arguments:
+                arguments["server_hostname"] = self.host
+            arguments["host"] = self._address
+        return arguments
+
+    async def _connect(self) -> None:
+        failures: list[socket.gaierror] = []
+        try:
+            async with asyncio.timeout(self.socket_connect_timeout):
+                found = await addresses(self.host, self.port, failures)
+        except TimeoutError:
+            if failures:
+                raise failures[-1] from None
+            raise
+        refused: OSError = OSError(f"{self.host} has no address")
+        for _family, sockaddr in found:
+            self._address = sockaddr[0]
+            try:
+                await super()._connect()  # type: ignore[misc]
+                return
+            except OSError as err:
+                refused = err
+            finally:
+                self._address = None
+        raise refused
+
+
+class LookedUpConnection(_LookedUp, Connection):
+    """``redis://`` (``_LookedUp``)."""
+
+
+class LookedUpSSLConnection(_LookedUp, SSLConnection):
+    """``rediss://`` (``_LookedUp``)."""
+
+
+def connection_class(url: str) -> type[AbstractConnection] | None:
+    """The connection class for a redis-py client of ``url``: ours for TCP and TLS, None (redis-py
+    picks) for a Unix socket."""
+    scheme = url.partition("://")[0].lower()
+    return {"redis": LookedUpConnection, "rediss": LookedUpSSLConnection}.get(scheme)

@@ -278,24 +278,30 @@ def test_the_readmes_tritonclient_snippet_and_a_grpc_call_answer(stack):
 
 CONNECTS = """
 import asyncio, json, sys, time
-from runtime.resp import Endpoint, RespConnection
+from runtime.broker import StandaloneBroker
+from runtime.connections import RedisSettings
+
+async def ping(lean):
+    broker = StandaloneBroker(RedisSettings(url="redis://redis:6379/0"), name="probe")
+    try:
+        if lean:
+            assert await broker.batch([("PING",)]) == [b"PONG"]
+        else:
+            assert await broker.commands.ping() is True
+    finally:
+        await broker.aclose()
 
 async def main(seconds):
     took, errors = [], []
-    first = RespConnection(Endpoint("redis", 6379, connect_timeout_s=3.0))
-    await first.execute([("PING",)])  # as the gateway has, before it serves
-    await first.close()
+    await ping(lean=True)  # as the gateway has, before it serves
     print("connected", flush=True)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         started = time.monotonic()
-        connection = RespConnection(Endpoint("redis", 6379, connect_timeout_s=3.0))
         try:
-            assert await connection.execute([("PING",)]) == [b"PONG"]
+            await ping(lean=len(took) % 2 == 0)
         except Exception as e:
             errors.append(f"{type(e).__name__}: {e}")
-        finally:
-            await connection.close()
         took.append(time.monotonic() - started)
         await asyncio.sleep(0.01)
     seen = {"connects": len(took), "max_s": max(took), "over_1s": sum(t > 1 for t in took)}
@@ -304,8 +310,8 @@ async def main(seconds):
 asyncio.run(main(float(sys.argv[1])))
 """
 """Inside a container: once a first connection to ``redis`` has answered ("connected"), for
-argv[1] seconds a new connection, as the gateway's pool opens one, then PING; how many, the
-slowest, and what failed."""
+argv[1] seconds a new connection, by turns the broker's lean one and a redis-py pooled one, then
+PING; how many, the slowest, and what failed."""
 
 
 def test_new_redis_connections_succeed_while_containers_join_the_network(stack):

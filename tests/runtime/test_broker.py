@@ -13,6 +13,7 @@ from redis.exceptions import ResponseError
 
 from inferq.redisserver import RedisServer, free_port
 from protocol.keys import GROUP
+from runtime import lookup
 from runtime.broker import Broker, ClusterBroker, StandaloneBroker, connect
 from runtime.connections import RedisSettings
 from runtime.readconn import BlockingReads
@@ -231,6 +232,21 @@ def test_a_password_protected_redis_serves_every_part_of_the_broker(namespace):
                 await reads.aclose()
 
         with_broker(redis, body)
+
+
+def test_the_pooled_commands_look_their_host_up_as_the_lean_connection_does(redis_url):
+    """A container network's DNS reload must not fail a new pooled connection either
+    (runtime.lookup)."""
+
+    async def go() -> None:
+        broker = StandaloneBroker(RedisSettings(url=redis_url), name="lookup")
+        try:
+            assert broker.commands.connection_pool.connection_class is lookup.LookedUpConnection
+            assert await broker.commands.ping() is True
+        finally:
+            await broker.aclose()
+
+    asyncio.run(go())
 
 
 def test_a_unix_socket_url_reaches_redis_over_the_socket(tmp_path, namespace):

@@ -10,8 +10,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from runtime import lookup
+from runtime.broker import StandaloneBroker
+from runtime.connections import RedisSettings
 
 LOCAL = [(socket.AF_INET, ("127.0.0.1", 6379))]
 ELSEWHERE = [(socket.AF_INET, ("127.0.0.2", 6379))]
@@ -120,3 +123,106 @@ def test_the_last_addresses_are_kept_per_name_and_port():
                 await lookup.addresses(name, 6380, [])
 
     run(resolver, body)
+
+
+# redis-py's pooled clients (Broker.commands) look their host up the same way.
+
+
+def pooled_client(name: str, port: int, connect_timeout_s: float = 3) -> Any:
+    """The redis-py client a gateway's broker has for ordinary commands (a pool)."""
+    url = f"redis://{name}:{port}/0"
+    settings = RedisSettings(url=url, connect_timeout_s=connect_timeout_s)
+    return StandaloneBroker(settings, name="lookup-test").commands
+
+
+@pytest.mark.integration
+def test_a_pooled_client_whose_name_misses_lookups_for_a_moment_asks_again_and_connects(
+    redis_server,
+):
+    resolver = Resolver("miss", "miss", "127.0.0.1")
+
+    async def body() -> None:
+        client = pooled_client(a_name(), redis_server.port)
+        try:
+            assert await client.ping() is True
+        finally:
+            await client.aclose()
+
+    run(resolver, body)
+    assert resolver.asked == 3
+
+
+@pytest.mark.integration
+def test_a_pooled_client_whose_lookups_hang_after_the_name_resolved_uses_its_last_address(
+    redis_server,
+):
+    name, resolver = a_name(), Resolver("127.0.0.1", "hang")
+
+    async def body() -> None:
+        for _ in range(2):  # a new client, so a new connection, each time
+            client = pooled_client(name, redis_server.port)
+            try:
+                assert await client.ping() is True
+            finally:
+                await client.aclose()
+
+    run(resolver, body)
+    assert resolver.asked == 2
+
+
+def test_a_pooled_client_whose_name_never_resolves_fails_at_the_connect_timeout_in_its_words():
+    resolver = Resolver("miss")
+
+    async def body() -> None:
+        client = pooled_client(a_name(), 6379, connect_timeout_s=0.3)
+        try:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            with pytest.raises(RedisConnectionError, match="Name or service not known"):
+                await client.ping()
+            assert loop.time() - started < 2
+        finally:
+            await client.aclose()
+
+    run(resolver, body)
+    assert 2 <= resolver.asked <= 6
+
+
+def test_each_address_is_tried_in_turn_and_the_last_refusal_is_the_error(monkeypatch):
+    tried: list[str] = []
+
+    async def addresses(host: str, port: int, failures: list[Any]) -> list[lookup.Address]:
+        return [(socket.AF_INET, ("127.0.0.3", port)), (socket.AF_INET, ("127.0.0.4", port))]
+
+    async def refused(self: Any) -> None:
+        tried.append(self._connection_arguments()["host"])
+        raise ConnectionRefusedError(111, f"Connection refused by {tried[-1]}")
+
+    monkeypatch.setattr(lookup, "addresses", addresses)
+    monkeypatch.setattr(lookup.Connection, "_connect", refused)
+    connection = lookup.LookedUpConnection(host=a_name(), port=6379)
+    with pytest.raises(ConnectionRefusedError, match=r"127\.0\.0\.4"):
+        asyncio.run(connection._connect())
+    assert tried == ["127.0.0.3", "127.0.0.4"]
+    assert connection._connection_arguments()["host"] == connection.host  # none left behind
+
+
+def test_a_tls_connection_is_checked_against_the_hosts_name_not_its_address():
+    connection = lookup.LookedUpSSLConnection(host="redis.example", port=6380)
+    connection._address = "10.0.0.7"
+    arguments = connection._connection_arguments()
+    assert arguments["host"] == "10.0.0.7"
+    assert arguments["server_hostname"] == "redis.example"
+    assert arguments["ssl"] is not None
+
+
+@pytest.mark.parametrize(
+    ("url", "kind"),
+    [
+        ("redis://:pw@redis:6379/0", lookup.LookedUpConnection),
+        ("rediss://redis:6380/0", lookup.LookedUpSSLConnection),
+        ("unix:///run/redis.sock", None),
+    ],
+)
+def test_tcp_and_tls_urls_get_the_looked_up_connections_and_a_unix_socket_redis_pys_own(url, kind):
+    assert lookup.connection_class(url) is kind
