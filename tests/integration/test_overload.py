@@ -24,17 +24,19 @@ def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once(stack):
 
 def test_a_backlog_at_its_cap_is_refused(stack):
     s = stack(models=("serial",), max_backlog=3)
-    registry = s.gateway.gateway.registry
     with ThreadPoolExecutor(8) as pool:
-        # A frozen worker reads nothing, so the backlog reaches its cap however slowly the
-        # requests arrive (a draining worker raced them on a loaded machine).
+        # A frozen worker reads nothing more, so the backlog reaches its cap however slowly the
+        # requests arrive (a draining worker raced them on a loaded machine). A read it had in
+        # flight when it froze may still take one request, which is then no longer backlog (the
+        # group's lag): of six, three or four are queued and the rest refused.
         with s.workers[0].paused():
-            queued = [pool.submit(s.infer, "serial", sim_body(i)) for i in range(6)]
-            wait_until(lambda: registry.backlog("serial") >= 3, what="the backlog at its cap")
-            r = s.infer("serial", sim_body(9))
-            assert r.status_code == 429 and "limit of 3" in r.json()["error"]
-        statuses = sorted(f.result().status_code for f in queued)
-    assert set(statuses) <= {200, 429}
+            sent = [pool.submit(s.infer, "serial", sim_body(i)) for i in range(6)]
+            wait_until(lambda: sum(f.done() for f in sent) >= 2, what="two requests refused")
+            refused = [f.result() for f in sent if f.done()]
+            assert all(r.status_code == 429 for r in refused), [r.text for r in refused]
+            assert all("limit of 3" in r.json()["error"] for r in refused)
+        statuses = sorted(f.result().status_code for f in sent)
+    assert statuses.count(200) in (3, 4) and statuses.count(429) == 6 - statuses.count(200)
 
 
 def test_a_failing_model_trips_its_breaker_and_fails_fast(stack):
