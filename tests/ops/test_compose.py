@@ -338,7 +338,10 @@ def test_new_redis_connections_succeed_while_containers_join_the_network(stack):
     assert probe.returncode == 0, out
     seen = json.loads(out)
     report("dns", containers_joined=joined, **seen)
-    assert joined >= 2 and seen["connects"] >= 100, seen
+    # A lookup that hangs costs a connect STALE_AFTER_S (0.5 s) before the last address is used;
+    # aardvark-dns sometimes hangs them for the whole run (a CI run: 49 connects, slowest
+    # 0.51 s), so the count only shows that the probe kept connecting throughout.
+    assert joined >= 2 and seen["connects"] >= 10, seen
     assert seen["errors"] == [] and seen["max_s"] < 2.5, seen  # the connect timeout is 3 s
 
 
