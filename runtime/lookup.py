@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from redis.asyncio.connection import AbstractConnection, Connection, SSLConnection
@@ -63,6 +63,24 @@ async def addresses(host: str, port: int, failures: list[socket.gaierror]) -> li
         return fresh
 
 
+async def connect_first(
+    host: str,
+    port: int,
+    failures: list[socket.gaierror],
+    connect: Callable[[Any], Awaitable[None]],
+) -> None:
+    """``connect`` to the first of ``host``'s addresses (``addresses``) that takes the
+    connection, each in turn as ``open_connection`` would; the last refusal is the error."""
+    refused: OSError = OSError(f"{host} has no address")
+    for _family, sockaddr in await addresses(host, port, failures):
+        try:
+            await connect(sockaddr)
+            return
+        except OSError as err:
+            refused = err
+    raise refused
+
+
 class _LookedUp:
     """redis-py's TCP connections, their host looked up here (``addresses``) instead of by
     ``asyncio.open_connection``: the pooled clients (``Broker.commands``) meet a container
@@ -87,22 +105,18 @@ class _LookedUp:
         failures: list[socket.gaierror] = []
         try:
             async with asyncio.timeout(self.socket_connect_timeout):
-                found = await addresses(self.host, self.port, failures)
+                await connect_first(self.host, self.port, failures, self._connect_to)
         except TimeoutError:
             if failures:
                 raise failures[-1] from None
             raise
-        refused: OSError = OSError(f"{self.host} has no address")
-        for _family, sockaddr in found:
-            self._address = sockaddr[0]
-            try:
-                await super()._connect()  # type: ignore[misc]
-                return
-            except OSError as err:
-                refused = err
-            finally:
-                self._address = None
-        raise refused
+
+    async def _connect_to(self, sockaddr: Any) -> None:
+        self._address = sockaddr[0]
+        try:
+            await super()._connect()  # type: ignore[misc]
+        finally:
+            self._address = None
 
 
 class LookedUpConnection(_LookedUp, Connection):

@@ -253,20 +253,17 @@ class RespConnection:
         if e.path is not None:
             await loop.create_unix_connection(lambda: protocol, e.path)
             return
-        refused: OSError = OSError(f"{e.host} has no address")
-        for _family, sockaddr in await lookup.addresses(e.host, e.port, unresolved):
-            try:
-                await loop.create_connection(
-                    lambda: protocol,
-                    sockaddr[0],
-                    sockaddr[1],
-                    ssl=e.ssl,
-                    server_hostname=e.host if e.ssl is not None else None,
-                )
-                return
-            except OSError as err:
-                refused = err
-        raise refused
+
+        async def connect(sockaddr: Any) -> None:
+            await loop.create_connection(
+                lambda: protocol,
+                sockaddr[0],
+                sockaddr[1],
+                ssl=e.ssl,
+                server_hostname=e.host if e.ssl is not None else None,
+            )
+
+        await lookup.connect_first(e.host, e.port, unresolved, connect)
 
     async def close(self) -> None:
         if self._protocol is not None:

@@ -135,6 +135,14 @@ def pooled_client(name: str, port: int, connect_timeout_s: float = 3) -> Any:
     return StandaloneBroker(settings, name="lookup-test").commands
 
 
+async def ping_over_a_new_pool(name: str, port: int) -> None:
+    client = pooled_client(name, port)
+    try:
+        assert await client.ping() is True
+    finally:
+        await client.aclose()
+
+
 @pytest.mark.integration
 def test_a_pooled_client_whose_name_misses_lookups_for_a_moment_asks_again_and_connects(
     redis_server,
@@ -142,11 +150,7 @@ def test_a_pooled_client_whose_name_misses_lookups_for_a_moment_asks_again_and_c
     resolver = Resolver("miss", "miss", "127.0.0.1")
 
     async def body() -> None:
-        client = pooled_client(a_name(), redis_server.port)
-        try:
-            assert await client.ping() is True
-        finally:
-            await client.aclose()
+        await ping_over_a_new_pool(a_name(), redis_server.port)
 
     run(resolver, body)
     assert resolver.asked == 3
@@ -159,12 +163,8 @@ def test_a_pooled_client_whose_lookups_hang_after_the_name_resolved_uses_its_las
     name, resolver = a_name(), Resolver("127.0.0.1", "hang")
 
     async def body() -> None:
-        for _ in range(2):  # a new client, so a new connection, each time
-            client = pooled_client(name, redis_server.port)
-            try:
-                assert await client.ping() is True
-            finally:
-                await client.aclose()
+        for _ in range(2):  # a new pool, so a new connection, each time
+            await ping_over_a_new_pool(name, redis_server.port)
 
     run(resolver, body)
     assert resolver.asked == 2
