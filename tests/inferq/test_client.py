@@ -9,8 +9,10 @@ import time
 
 import numpy as np
 import pytest
+import redis
 
 from inferq.client import AsyncClient, Client, InferqError, infer_body, read_result
+from protocol.keys import Keys, Lane
 from tests.support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -93,9 +95,14 @@ def test_a_429_is_retried_after_the_time_retry_after_names(stack):
 
     A read the worker had in flight when it froze may take the first job, which is then no
     longer backlog (the group's lag) once the gateway next refreshes: a refusal counts only
-    with two jobs queued, so that one stays backlog and the refusals last until the worker runs."""
+    once Redis reports a job unread, so that the refusals last until the worker runs."""
     s = stack(models=("sim",), max_job_backlog=1)
-    with contextlib.ExitStack() as paused, Client(s.url, retries=0) as plain:
+    low = Keys(s.namespace).stream("sim", Lane.LOW)
+    with (
+        contextlib.ExitStack() as paused,
+        Client(s.url, retries=0) as plain,
+        redis.Redis.from_url(s.redis_url) as r,
+    ):
         paused.enter_context(s.workers[0].paused())
         queued = []
 
@@ -103,7 +110,7 @@ def test_a_429_is_retried_after_the_time_retry_after_names(stack):
             try:
                 queued.append(plain.submit("sim", {"x": X}))
             except InferqError as e:
-                return e.status == 429 and len(queued) >= 2
+                return e.status == 429 and r.xinfo_groups(low)[0]["lag"] >= 1
             return False
 
         wait_until(refused, what="a submission refused at the backlog", poll_s=0.05)

@@ -127,16 +127,20 @@ def test_requests_run_when_redis_answers_the_cancellation_lookup_with_an_error(s
     ran_before = worker.stats.requests
     with redis.Redis.from_url(redis_url) as r:
         r.set(Keys(s.namespace).cancelled("sim"), b"not a sorted set")
-        with worker.paused():
-            sockets = [send_and_hold(s.gateway.settings.port, i) for i in range(5)]
-            wait_until(
-                lambda: r.xlen(Keys(s.namespace).stream("sim", Lane.NORMAL)) >= 6,
-                what="the requests to be queued",
-            )
-            # Old enough to be looked up once the worker runs them.
-            start = redis_ms(r)
-            wait_until(lambda: redis_ms(r) - start > CHECK_AFTER_MS, what="the check age")
+        stream = Keys(s.namespace).stream("sim", Lane.NORMAL)
+        added = r.xinfo_stream(stream)["entries-added"]
+        sockets: list[socket.socket] = []
         try:
+            with worker.paused():
+                sockets += [send_and_hold(s.gateway.settings.port, i) for i in range(5)]
+                # Entries added, not XLEN: the first request's entry is trimmed once acknowledged.
+                wait_until(
+                    lambda: r.xinfo_stream(stream)["entries-added"] - added >= 5,
+                    what="the requests to be queued",
+                )
+                # Old enough to be looked up once the worker runs them.
+                start = redis_ms(r)
+                wait_until(lambda: redis_ms(r) - start > CHECK_AFTER_MS, what="the check age")
             wait_until(
                 lambda: worker.stats.requests - ran_before == 5,
                 timeout_s=20,
