@@ -32,13 +32,15 @@ run: $(VENV)/.run
 	@echo "make run: the inferq command is in $(VENV): '. $(VENV)/bin/activate' puts it on the PATH"
 	$(BIN)/inferq up $(ARGS)
 
-## test: lint, then the whole test suite (it starts its own redis-server)
+## test: lint, then the whole test suite (it starts its own redis-server): the tests not marked
+## serial on TEST_JOBS pytest processes at once, then the serial ones alone (scripts/run-tests)
+TEST_JOBS ?= 3
 test: $(VENV)/.dev
 	./scripts/ensure-redis
 	./scripts/ensure-promtool
 	./scripts/ensure-chromium
 	$(BIN)/ruff check .
-	$(BIN)/pytest $(ARGS)
+	PYTEST=$(BIN)/pytest TEST_JOBS=$(TEST_JOBS) ./scripts/run-tests $(ARGS)
 
 ## console-screenshots: docs/console/*.png, the README's console pictures, taken by the console's
 ## browser tests against a live `inferq up --workers 2`

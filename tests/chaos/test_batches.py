@@ -16,6 +16,9 @@ import pytest
 from inferq.redisserver import free_port
 from tests.support import gateway_process, sim_body, wait_until
 
+# serial: kills processes under load and bounds the recovery.
+pytestmark = pytest.mark.serial
+
 LINES = 2000
 
 

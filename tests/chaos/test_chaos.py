@@ -27,6 +27,9 @@ from tests.chaos.conftest import live_workers
 from tests.chaos.traffic import send
 from tests.support import Stack, gateway_process, wait_until
 
+# serial: kills processes and Redis under load, bounds the recovery, opens 10,000 connections.
+pytestmark = pytest.mark.serial
+
 TOTAL = 2_000
 
 

@@ -27,7 +27,8 @@ from tests.chaos.accounting import Tally
 from tests.chaos.traffic import send
 from tests.support import Stack, WorkerThread, wait_until, write_simulated_model
 
-pytestmark = pytest.mark.integration
+# serial: restarts Redis on the port it freed and bounds the recovery.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 TIMEOUT_US = 5_000_000
 """Each request's deadline (the V2 ``timeout`` parameter) unless a scenario says otherwise."""

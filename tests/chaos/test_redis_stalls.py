@@ -32,7 +32,8 @@ from tests.chaos.test_redis_faults import final_jobs
 from tests.chaos.traffic import send
 from tests.support import Stack, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+# serial: stalls Redis under load and bounds the recovery.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.serial]
 
 SOCKET_TIMEOUT_S = 1.0
 STALL_S = 2.5

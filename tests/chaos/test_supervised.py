@@ -23,7 +23,8 @@ from tests.chaos.traffic import send
 from tests.support import wait_until
 from tests.upstack import UpProcess, up_processes
 
-pytestmark = pytest.mark.timeout(240)
+# serial: kills supervised processes under load.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.serial]
 
 TOTAL = 2_000
 CONCURRENCY = 32

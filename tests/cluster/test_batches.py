@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from redis.crc import key_slot
 
 from protocol.batches import BATCH_PARTS
@@ -12,6 +13,9 @@ from protocol.keys import Keys, Lane
 from tests.cluster.conftest import PARTITIONS
 from tests.cluster.test_cluster import cluster_client, entries_read
 from tests.support import sim_body, wait_until
+
+# serial: its cluster fails a node over when it is starved for 2 s.
+pytestmark = pytest.mark.serial
 
 LINES = 300
 

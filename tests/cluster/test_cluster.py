@@ -22,6 +22,9 @@ from tests.conftest import DIGITS
 from tests.localcluster import LocalCluster
 from tests.support import sim_body, sim_request, wait_until
 
+# serial: its cluster fails a node over when it is starved for 2 s.
+pytestmark = pytest.mark.serial
+
 SAMPLES = json.loads((DIGITS / "samples.json").read_text())
 
 

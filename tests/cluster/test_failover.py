@@ -17,6 +17,9 @@ import pytest
 
 from tests.cluster.load import failover_run
 
+# serial: kills a master under load and bounds the failover.
+pytestmark = pytest.mark.serial
+
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("durability", ["async", "replicated"])

@@ -357,6 +357,7 @@ class Hangs:
 """
 
 
+@pytest.mark.serial  # bounds the refusal time
 def test_a_call_past_its_deadline_fails_its_batch_and_the_next_at_once_until_it_returns(repo):
     folder = write_model(repo, "m", HANGS_UNTIL_RELEASED)
     model = served(repo)
@@ -530,6 +531,7 @@ def test_python_settings_are_for_the_python_backend_only(repo):
         load_config(repo, "sim")
 
 
+@pytest.mark.serial  # bounds the unload time
 def test_unload_abandons_a_stuck_thread_without_waiting_for_it(repo):
     folder = write_model(repo, "m", HANGS_UNTIL_RELEASED)
     model = served(repo)

@@ -135,7 +135,8 @@ def topics_repo(minilm_repo: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     """The committed topics model with the minilm files next to it, as build-examples leaves
     it (copied from the session's minilm build rather than written again)."""
     repo = tmp_path_factory.mktemp("topics-repo")
-    shutil.copytree(MODELS / "topics", repo / "topics", ignore=shutil.ignore_patterns("*.onnx"))
+    ignore = shutil.ignore_patterns("*.onnx", "__pycache__")  # another test may be writing there
+    shutil.copytree(MODELS / "topics", repo / "topics", ignore=ignore)
     for name in ("model.onnx", "tokenizer.json"):
         shutil.copy(minilm_repo / "minilm" / "1" / name, repo / "topics" / "1" / name)
     return repo
@@ -176,7 +177,7 @@ def test_topics_without_its_built_files_says_how_to_build_them(tmp_path):
     shutil.copytree(
         MODELS / "topics",
         tmp_path / "topics",
-        ignore=shutil.ignore_patterns("*.onnx", "tokenizer.json"),
+        ignore=shutil.ignore_patterns("*.onnx", "tokenizer.json", "__pycache__"),
     )
     with pytest.raises(Exception, match="run `inferq models build-examples`"):
         ServedModel(load_config(tmp_path, "topics")).load()

@@ -149,6 +149,7 @@ def test_nothing_is_taken_over_before_the_idle_time_or_beyond_the_room(r, redis_
     assert len(intake.accepted) == 2
 
 
+@pytest.mark.serial  # bounds the idle time after renewal
 def test_entries_this_worker_holds_are_renewed_not_reclaimed(r, redis_url, namespace):
     keys = Keys(namespace)
     stream = keys.stream("m", Lane.NORMAL)

@@ -20,6 +20,9 @@ from tests.docs.runnable import (
     shown_in,
 )
 
+# serial: runs the docs' commands, `inferq up` included, with their timeouts.
+pytestmark = pytest.mark.serial
+
 README = ROOT / "README.md"
 
 

@@ -161,6 +161,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.serial  # scans every process on the machine
 def test_up_starts_everything_serves_digits_and_stops_without_orphans(tmp_path):
     port = free_port()
     proc = subprocess.Popen(

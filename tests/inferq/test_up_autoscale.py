@@ -22,7 +22,8 @@ from tests.chaos.accounting import is_correct, read_executions, request_body, re
 from tests.support import write_simulated_model
 from tests.upstack import UpProcess, up_processes
 
-pytestmark = pytest.mark.timeout(240)
+# serial: scales on windows of 0.2 s and 1 s.
+pytestmark = [pytest.mark.timeout(240), pytest.mark.serial]
 
 FAST = ("--scale-interval-s", "0.2", "--scale-down-after-s", "1", "--scale-up-cooldown-s", "1")
 

@@ -35,7 +35,8 @@ from tests.support import (
 )
 from tests.upstack import UpProcess, up_processes
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+# serial: drives one browser through the tests in order; restarts on a freed port.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240), pytest.mark.serial]
 
 ADMIN, READER = "console-admin-token", "console-reader-token"
 HOSTILE = '<script>window.__xss=1</script>"\'><img src=x onerror="window.__xss=2">'

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
 import redis
 
 from loadgen.http import HTTPConnection
@@ -69,6 +70,7 @@ def test_model_metadata_is_what_the_workers_publish(stack):
     assert ready.status_code == 200 and ready.json()["ready"] is True
 
 
+@pytest.mark.serial  # a thousand waiters must queue within one batch
 def test_waiting_requests_hold_no_redis_connections(stack, redis_url):
     """1,000 requests waiting at once use the same handful of connections as one does."""
     s = stack(models=("hold",))  # 3 s per batch: everything sent meanwhile waits together

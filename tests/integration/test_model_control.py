@@ -157,6 +157,7 @@ def prepare_sent(redis_url: str, namespace: str) -> None:
         wait_until(lambda: rc.xlen(Keys(namespace).control) >= 1, what="the prepare sent")
 
 
+@pytest.mark.serial  # counts requests sent in a time window
 def test_hot_swap_under_load_fails_no_request_and_switches_at_the_commit(control_stack, capsys):
     s = control_stack(["1", "2"])
     s.wait_ready("digits")
@@ -491,6 +492,7 @@ def slow_loading_repo(root: Path) -> Path:
     return repo
 
 
+@pytest.mark.serial  # bounds the slowest request
 def test_requests_keep_being_served_while_a_slow_version_loads(control_stack, tmp_path, capsys):
     s = control_stack(repo=slow_loading_repo(tmp_path))
     s.wait_ready("big")

@@ -212,6 +212,7 @@ def test_an_exception_on_one_row_fails_only_the_request_that_holds_it(python_sta
     assert all(rows < 8 for (rows,) in ok)
 
 
+@pytest.mark.serial  # bounds the refusal time
 def test_a_call_that_hangs_past_its_deadline_leaves_the_worker_serving(
     python_stack, redis_url, namespace, repo
 ):

@@ -3,6 +3,7 @@ entries, and an entry that keeps crashing workers is dead-lettered with its call
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from protocol.keys import GROUP, Keys, Lane
@@ -35,6 +36,7 @@ def test_a_live_worker_takes_over_what_a_dead_worker_held(stack, redis_url, name
     assert worker.worker.reclaimer.reclaimed == 3
 
 
+@pytest.mark.serial  # renewal must win each 100 ms window
 def test_a_worker_renews_entries_it_is_still_running(stack, redis_url, namespace, capsys):
     """A batch that runs longer than claim_idle_ms is not taken over by another worker."""
     keys = Keys(namespace)

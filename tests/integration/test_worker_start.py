@@ -18,7 +18,8 @@ from protocol.keys import Keys
 from tests.support import wait_until
 from tests.upstack import UpProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+# serial: binds a port it freed.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90), pytest.mark.serial]
 
 
 def worker_process(redis_url: str, namespace: str, repo: Path) -> UpProcess:

@@ -14,6 +14,9 @@ from loadgen.open import TIMEOUT_BEFORE_SEND, run_open_loop
 from loadgen.recorder import Recorder
 from loadgen.schedule import RateSchedule
 
+# serial: measures durations and latencies.
+pytestmark = pytest.mark.serial
+
 
 def test_open_loop_sends_the_scheduled_arrivals(tiny_server, response_bytes) -> None:
     async def main() -> None:

@@ -45,7 +45,8 @@ try:
 except ImportError:  # pragma: no cover - pyyaml is part of dev
     missing("PyYAML (pip install -e '.[dev]')", module=True)
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+# serial: bounds when the alerts go pending.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), pytest.mark.serial]
 
 INTERVAL_S = 1
 INTERVAL = f"{INTERVAL_S}s"

@@ -16,6 +16,9 @@ from runtime import lookup
 from runtime.broker import StandaloneBroker
 from runtime.connections import RedisSettings
 
+# serial: bounds connect and lookup times.
+pytestmark = pytest.mark.serial
+
 LOCAL = [(socket.AF_INET, ("127.0.0.1", 6379))]
 ELSEWHERE = [(socket.AF_INET, ("127.0.0.2", 6379))]
 

@@ -257,6 +257,7 @@ def test_a_name_whose_lookups_hang_after_it_resolved_connects_to_its_last_addres
     asyncio.run(go())
 
 
+@pytest.mark.serial  # counts lookups within a 0.3 s connect timeout
 def test_a_name_that_never_resolves_fails_at_the_connect_timeout_with_the_resolvers_words():
     name = a_name()
     endpoint = Endpoint(name, 6379, connect_timeout_s=0.3)

@@ -27,7 +27,8 @@ from inferq.redisserver import RedisServer
 from runtime.broker import Broker, connect
 from runtime.connections import RedisSettings
 
-pytestmark = pytest.mark.integration
+# serial: 0.3 s socket timeouts on a real Redis.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 POOL = 4
 SCRIPT = "return redis.call('INCR', KEYS[1])"

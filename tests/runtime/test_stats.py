@@ -70,6 +70,7 @@ def test_one_gateway_publishes_every_partition_and_lane_for_everyone(keys, redis
     assert len(lanes) == 6  # 2 partitions x 3 lanes, from the advertised metadata
 
 
+@pytest.mark.serial  # two ticks must land within a 0.3 s lease
 def test_another_gateway_takes_over_once_the_publisher_is_gone(keys, redis_url):
     async def main() -> tuple[bool, str]:
         client = aioredis.Redis.from_url(redis_url)
