@@ -33,17 +33,42 @@ Address = tuple[int, Any]
 
 _last: dict[tuple[str, int], list[Address]] = {}
 
+_in_flight: dict[tuple[asyncio.AbstractEventLoop, str, int], asyncio.Future[Any]] = {}
+"""The lookup of a name that a loop has asked and that has not answered yet: every connection
+the loop opens meanwhile waits on it, not on a lookup of its own. A lookup runs in the loop's
+default executor, and one that glibc leaves hanging keeps its thread until glibc's own timeout
+(5 s) after the connection has given up on it; started once per connect, a few of them can
+fill the executor and queue every later lookup behind them (the likely cause of one CI run's
+stack making 49 connects in 10 s instead of 600 or more)."""
+
+
+def _lookup(loop: asyncio.AbstractEventLoop, host: str, port: int) -> asyncio.Future[Any]:
+    key = (loop, host, port)
+    lookup = _in_flight.get(key)
+    if lookup is None:
+        lookup = asyncio.ensure_future(loop.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        _in_flight[key] = lookup
+
+        def done(ended: asyncio.Future[Any]) -> None:
+            _in_flight.pop(key, None)
+            if not ended.cancelled():
+                ended.exception()  # each waiter got it; nobody left to tell
+
+        lookup.add_done_callback(done)
+    return lookup
+
 
 async def addresses(host: str, port: int, failures: list[socket.gaierror]) -> list[Address]:
     """The addresses to try, in order, for a TCP connection to ``host:port``: a fresh lookup's,
     else the name's last. Each failed lookup of a name with none is appended to ``failures``
     (for the caller's error message) and asked again after a pause, until the caller's timeout
-    cancels the wait."""
+    cancels the wait. Connections opened at once share one lookup (``_in_flight``); a caller
+    that stops waiting leaves it running for the others."""
     loop = asyncio.get_running_loop()
     key = (host, port)
     pause_s = _PAUSE_S
     while True:
-        lookup = loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        lookup = asyncio.shield(_lookup(loop, host, port))
         try:
             if key in _last:
                 found = await asyncio.wait_for(lookup, STALE_AFTER_S)

@@ -104,6 +104,36 @@ def test_once_a_name_has_resolved_a_lookup_that_hangs_gets_its_last_addresses_af
     run(resolver, body)
 
 
+def test_connections_opened_while_a_lookup_hangs_wait_on_that_one_lookup_not_their_own():
+    """A hung lookup holds an executor thread until glibc gives up (5 s): one per connect filled
+    the executor. Connects meanwhile, at once or one after another, share the lookup in flight,
+    and each still gets the last addresses after a moment."""
+    name, resolver = a_name(), Resolver("127.0.0.1", "hang")
+
+    async def body() -> None:
+        await lookup.addresses(name, 6379, [])
+        at_once = [lookup.addresses(name, 6379, []) for _ in range(5)]
+        assert await asyncio.gather(*at_once) == [LOCAL] * 5
+        assert await lookup.addresses(name, 6379, []) == LOCAL
+
+    run(resolver, body)
+    assert resolver.asked == 2  # the first lookup, then the one that hangs
+
+
+def test_a_lookup_that_answers_is_asked_afresh_by_the_next_connection():
+    name, resolver = a_name(), Resolver("127.0.0.1", "127.0.0.2")
+
+    async def body() -> None:
+        assert (
+            await asyncio.gather(*(lookup.addresses(name, 6379, []) for _ in range(3)))
+            == [LOCAL] * 3
+        )
+        assert await lookup.addresses(name, 6379, []) == ELSEWHERE
+
+    run(resolver, body)
+    assert resolver.asked == 2
+
+
 def test_a_lookup_that_answers_replaces_the_names_last_addresses():
     """A Redis that came back elsewhere is found at its new address, and that one is kept."""
     name, resolver = a_name(), Resolver("127.0.0.1", "127.0.0.2", "miss")
