@@ -120,7 +120,7 @@ def test_connections_opened_while_a_lookup_hangs_wait_on_that_one_lookup_not_the
     assert resolver.asked == 2  # the first lookup, then the one that hangs
 
 
-def test_a_lookup_that_answers_is_asked_afresh_by_the_next_connection():
+def test_connections_opened_at_once_share_one_answer_and_the_next_connection_asks_afresh():
     name, resolver = a_name(), Resolver("127.0.0.1", "127.0.0.2")
 
     async def body() -> None:
@@ -132,6 +132,31 @@ def test_a_lookup_that_answers_is_asked_afresh_by_the_next_connection():
 
     run(resolver, body)
     assert resolver.asked == 2
+
+
+def test_a_connection_that_stops_waiting_leaves_the_shared_lookup_to_the_others():
+    """A name never resolved: one caller's timeout does not cancel the lookup the others wait on."""
+    name, resolver, gate = a_name(), Resolver("127.0.0.1"), asyncio.Event()
+
+    async def slow(host: str, port: int, **kw: Any) -> list[tuple[Any, ...]]:
+        await gate.wait()
+        return await resolver(host, port, **kw)
+
+    async def body() -> None:
+        asyncio.get_running_loop().getaddrinfo = slow  # type: ignore[method-assign]
+
+        async def impatient() -> None:
+            async with asyncio.timeout(0.05):
+                await lookup.addresses(name, 6379, [])
+
+        patient = asyncio.ensure_future(lookup.addresses(name, 6379, []))
+        with pytest.raises(TimeoutError):
+            await impatient()
+        gate.set()
+        assert await patient == LOCAL
+
+    run(resolver, body)
+    assert resolver.asked == 1
 
 
 def test_a_lookup_that_answers_replaces_the_names_last_addresses():
