@@ -43,6 +43,7 @@ def test_a_batch_webhook_to_a_private_address_is_refused_without_the_allow_list(
         assert r.status_code == 400 and "127.0.0.1" in r.json()["error"]
 
 
+@pytest.mark.serial  # reads progress events of a 1.5 s batch
 def test_batch_events_come_in_order_with_progress_and_resume_on_another_gateway(stack):
     s = stack(models=("slow",))
     other = s.start_gateway()

@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from tests.support import SOCKET_TIMEOUT_S, connect, read_until_closed, sim_body
 
 
+@pytest.mark.serial  # sends within a 0.5 s header timeout
 def test_a_connection_that_never_sends_its_headers_is_closed(stack):
     s = stack(models=("sim",), header_timeout_s=0.5)
     with connect(s.gateway.settings.port) as idle, connect(s.gateway.settings.port) as slow:

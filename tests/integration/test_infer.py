@@ -154,6 +154,7 @@ def test_digits_under_concurrency_batch_and_stay_correct(stack):
     assert sum(s.workers[0].stats.batch_sizes) == len(rows)
 
 
+@pytest.mark.serial  # the late request must arrive within one 200 ms call
 def test_a_short_deadline_while_workers_are_busy_gets_504_and_never_runs(stack):
     s = stack(models=("serial",))
     worker = s.workers[0]

@@ -142,6 +142,7 @@ def _worker_process(redis_url: str, namespace: str, repo: Path, worker_id: str) 
     )  # fmt: skip
 
 
+@pytest.mark.serial  # kills within one 3 s batch
 def test_a_job_left_running_by_a_sigkilled_worker_is_run_again_by_another_and_succeeds(
     stack, r, redis_url, namespace, model_repo
 ):

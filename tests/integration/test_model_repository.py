@@ -334,6 +334,7 @@ def test_the_statistics_count_every_request_sent(repo_stack, capsys):
         assert c.get("/v2/models/nosuch/stats").status_code == 404
 
 
+@pytest.mark.serial  # sends within one 300 ms call
 def test_expired_requests_count_as_failures(redis_url, namespace, tmp_path):
     repo = tmp_path / "repo"
     write_simulated_model(repo, "slow", base_ms=300, per_row_ms=0, max_batch=1)

@@ -297,6 +297,7 @@ def test_on_one_redis_and_on_a_cluster_two_models_take_turns_under_a_budget_of_o
             thing.stop()
 
 
+@pytest.mark.serial  # watches a state that lasts one 1.5 s call
 def test_a_request_cut_off_by_an_unload_past_the_drain_timeout_is_handed_back_and_answered(
     redis_url, namespace, tmp_path
 ):

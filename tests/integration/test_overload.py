@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from tests.support import sim_body, wait_until
 
 
+@pytest.mark.serial  # probes before a 2 s backlog drains
 def test_a_request_that_cannot_meet_its_deadline_is_refused_at_once(stack):
     s = stack(models=("serial",))  # 200 ms per request, one at a time
     assert s.infer("serial", sim_body(0)).status_code == 200  # measures the service time

@@ -247,6 +247,7 @@ def test_a_call_that_hangs_past_its_deadline_leaves_the_worker_serving(
     assert all(w.running for w in s.workers)
 
 
+@pytest.mark.serial  # counts requests sent after the swap
 def test_a_hot_swap_of_a_python_model_under_load_fails_no_request(python_stack):
     s = python_stack
     s.add_worker(retire_after_s=1.0)

@@ -210,6 +210,7 @@ def test_a_gateway_loop_that_crashes_fails_readiness_for_good(own_stack):
 # -- defect 2: nothing is acknowledged that was not stored --------------------------------------
 
 
+@pytest.mark.serial  # fills Redis within one 3 s batch
 def test_the_worker_acknowledges_no_entry_whose_result_was_refused(own_stack, own_redis):
     """A job finishes while Redis refuses writes: its entry stays pending (not acknowledged),
     the refusals are counted, and once Redis takes writes again the job ends succeeded."""

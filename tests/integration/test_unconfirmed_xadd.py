@@ -101,6 +101,7 @@ def test_a_job_whose_submit_reply_was_lost_is_never_refused_as_not_queued(stalle
         )
 
 
+@pytest.mark.serial  # sends within a fixed 1.5 s stall
 def test_a_request_redis_did_not_run_times_out_saying_it_may_have_run(stalled_stack):
     """Stopped past the request's deadline: no answer, and the 504 does not claim it did not
     run (it was queued; the worker drops it as expired)."""

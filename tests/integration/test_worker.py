@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 
+import pytest
 import redis
 
 from protocol.keys import GROUP, Keys, Lane
@@ -57,6 +58,7 @@ def test_workers_advertise_themselves_and_withdraw_on_exit(stack, redis_url, nam
         assert not r.exists(keys.worker(s.workers[0].worker.id))
 
 
+@pytest.mark.serial  # watches a state that lasts one 300 ms batch
 def test_stopping_a_worker_finishes_and_answers_what_it_holds(stack):
     from concurrent.futures import ThreadPoolExecutor
 
@@ -72,6 +74,7 @@ def test_stopping_a_worker_finishes_and_answers_what_it_holds(stack):
         assert [f.result().status_code for f in pending] == [200, 200, 200]
 
 
+@pytest.mark.serial  # acts within a 0.5 s hold of the worker's loop
 def test_a_stopping_worker_runs_what_redis_handed_its_last_blocking_read(
     stack, redis_url, namespace
 ):
@@ -118,8 +121,6 @@ def test_serving_the_whole_repository_skips_a_model_that_cannot_load(
     model named with --models that cannot load is still fatal."""
     import asyncio
     import shutil
-
-    import pytest
 
     from consumer.repository import RepositoryError
     from consumer.settings import WorkerSettings

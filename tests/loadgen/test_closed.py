@@ -91,6 +91,7 @@ def test_request_list_is_cycled_and_errors_counted(tiny_server, response_bytes) 
     asyncio.run(main())
 
 
+@pytest.mark.serial  # counts timeouts in 0.3 s
 def test_timeouts_are_errors_and_the_loop_goes_on(tiny_server, response_bytes) -> None:
     async def main() -> None:
         never = asyncio.Event()

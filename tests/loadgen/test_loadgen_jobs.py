@@ -164,6 +164,7 @@ def test_polls_only_go_to_the_same_server(tiny_server, response_bytes, location,
     asyncio.run(main())
 
 
+@pytest.mark.serial  # counts polls in a fraction of a second
 def test_a_job_that_never_finishes_times_out(tiny_server, response_bytes) -> None:
     fake = FakeJobs(response_bytes, pending_polls=10**9)
 

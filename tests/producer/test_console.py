@@ -178,6 +178,7 @@ def test_a_redis_outage_is_a_503_with_a_message_not_a_500(stack, redis_url):
         assert r.status_code == 503
 
 
+@pytest.mark.serial  # watches a state that lasts one 3 s batch
 def test_a_worker_shows_the_requests_it_holds_in_flight(console):
     console.wait_ready("hold")  # 3 s per batch
     with console.client() as c:
