@@ -37,9 +37,8 @@ _in_flight: dict[tuple[asyncio.AbstractEventLoop, str, int], asyncio.Future[Any]
 """The lookup of a name that a loop has asked and that has not answered yet: every connection
 the loop opens meanwhile waits on it, not on a lookup of its own. A lookup runs in the loop's
 default executor, and one that glibc leaves hanging keeps its thread until glibc's own timeout
-(5 s) after the connection has given up on it; started once per connect, a few of them can
-fill the executor and queue every later lookup behind them (the likely cause of one CI run's
-stack making 49 connects in 10 s instead of 600 or more)."""
+(5 s) after the connection has given up on it; started once per connect, a few of them could
+fill the executor and queue every later lookup behind them."""
 
 
 def _lookup(loop: asyncio.AbstractEventLoop, host: str, port: int) -> asyncio.Future[Any]:
