@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import httpx
 import numpy as np
 import pytest
+import redis
 import uvicorn
 
 from consumer.settings import WorkerSettings
@@ -30,6 +31,7 @@ from producer.server import server_config
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
 from protocol.messages import InferRequest
+from protocol.registry import WorkerInfo
 from protocol.tensor import Tensor
 from runtime.connections import RedisSettings
 
@@ -359,6 +361,15 @@ def binary_body(name: str, array: Any, **parameters: Any) -> tuple[bytes, dict[s
         "content-type": "application/octet-stream",
         "inference-header-content-length": str(len(header)),
     }
+
+
+def advertisements(redis_url: str, namespace: str) -> list[WorkerInfo]:
+    """What the live workers advertise now, as the gateways read it (one per registered worker
+    whose advertisement has not expired)."""
+    keys = Keys(namespace)
+    with redis.Redis.from_url(redis_url) as r:
+        raws = [r.get(keys.worker(w.decode())) for w in r.zrange(keys.workers, 0, -1)]
+    return [WorkerInfo.decode(raw) for raw in raws if raw is not None]
 
 
 class Stack:

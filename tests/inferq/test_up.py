@@ -24,8 +24,7 @@ import redis
 from inferq.redisserver import free_port
 from protocol.jobs import JobStatus
 from protocol.keys import Keys, hash_tag
-from protocol.registry import WorkerInfo
-from tests.support import free_port_pair, sim_body, wait_until
+from tests.support import advertisements, free_port_pair, sim_body, wait_until
 from tests.upstack import UpProcess, up_processes
 
 pytestmark = pytest.mark.timeout(180)
@@ -127,10 +126,7 @@ def test_a_gateway_metrics_port_in_use_stops_the_stack_with_the_reason(up):
 
 def _advertised_restarts(redis_url: str, namespace: str) -> list[int]:
     """What the live workers advertise as their slots' restart counts (INFERQ_RESTARTS)."""
-    keys = Keys(namespace)
-    with redis.Redis.from_url(redis_url) as r:
-        raws = [r.get(keys.worker(w.decode())) for w in r.zrange(keys.workers, 0, -1)]
-    return [WorkerInfo.decode(raw).restarts for raw in raws if raw is not None]
+    return [w.restarts for w in advertisements(redis_url, namespace)]
 
 
 def test_a_killed_worker_and_a_killed_gateway_are_replaced_and_the_restarts_counted(

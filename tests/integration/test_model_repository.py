@@ -24,6 +24,7 @@ from tests.support import (
     GatewayThread,
     Stack,
     WorkerThread,
+    advertisements,
     sim_body,
     wait_until,
     write_simulated_model,
@@ -189,6 +190,15 @@ def test_a_model_folder_added_while_running_is_listed_loaded_served_and_unloaded
     )
     with s.client() as c:
         assert c.get("/v2/models/digits-b/config").json()["name"] == "digits-b"
+    # The index lists a folder once one worker has rescanned; a load goes to those whose
+    # advertisement holds it (one rescanning later still loads it at the commit, but answers
+    # after the load has been decided), so the answer names both once both have rescanned.
+    wait_until(
+        lambda: (
+            [w.holds("digits-b") for w in advertisements(s.redis_url, s.namespace)] == [True, True]
+        ),
+        what="both workers to advertise the new folder",
+    )
     r = admin(s, "/v2/repository/models/digits-b/load")
     assert r.status_code == 200, r.text
     assert r.json()["versions"] == ["1"] and len(r.json()["workers"]) == 2
