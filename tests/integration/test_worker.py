@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import threading
 
 import pytest
 import redis
@@ -74,17 +73,14 @@ def test_stopping_a_worker_finishes_and_answers_what_it_holds(stack):
         assert [f.result().status_code for f in pending] == [200, 200, 200]
 
 
-@pytest.mark.serial  # acts within a 0.5 s hold of the worker's loop
 def test_a_stopping_worker_runs_what_redis_handed_its_last_blocking_read(
     stack, redis_url, namespace
 ):
     """Redis serves a blocked XREADGROUP the moment an entry arrives, whatever the worker is
     doing: the entry is then this consumer's. A worker told to stop just then must run it, not
     drop the read (the entry would wait for another worker's --claim-idle-ms, its caller for
-    its deadline). Here the worker's event loop is held busy while the entry is handed to its
+    its deadline). Here the worker's event loop is frozen while the entry is handed to its
     blocked read and the stop is requested, so the stop is seen before the read's reply."""
-    import time
-
     keys = Keys(namespace)
     stream = keys.stream("sim", Lane.NORMAL)
     s = stack(workers=0)
@@ -101,13 +97,12 @@ def test_a_stopping_worker_runs_what_redis_handed_its_last_blocking_read(
             )
 
         wait_until(blocked, what="the worker blocked in XREADGROUP")
-        busy = threading.Event()
-        loop.call_soon_threadsafe(lambda: (busy.set(), time.sleep(0.5)))
-        busy.wait(5)
-        now_ms = int(r.time()[0]) * 1000
-        r.xadd(stream, {FIELD: sim_request(keys, "last", now_ms, value=1.0).encode()})
-        assert r.xpending(stream, GROUP)["pending"] == 1  # handed to the blocked read
-        loop.call_soon_threadsafe(worker.worker.request_stop)
+        with worker.paused():
+            now_ms = int(r.time()[0]) * 1000
+            r.xadd(stream, {FIELD: sim_request(keys, "last", now_ms, value=1.0).encode()})
+            assert r.xpending(stream, GROUP)["pending"] == 1  # handed to the blocked read
+            # Queued while frozen: it runs before the loop next polls the read's socket.
+            loop.call_soon_threadsafe(worker.worker.request_stop)
         worker.stop()
         assert r.xpending(stream, GROUP)["pending"] == 0
         result = InferResult.decode(r.get(keys.result("last")))
