@@ -3,7 +3,6 @@ Locust run against a tiny V2 server (skipped where Locust is not installed)."""
 
 from __future__ import annotations
 
-import csv
 import importlib
 import importlib.util
 import json
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.loadgen.test_loadgen_cli import METADATA, ServerThread, v2_handler
+from tests.support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,9 +76,6 @@ def test_job_responses_and_poll_paths(locustfile: Any) -> None:
     assert locustfile.job_poll_path(None, "j2", 10) == "/v2/jobs/j2?wait=10"
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("locust") is None, reason="locust (inferq[locust]) is not installed"
-)
 def locust(*args: str) -> list[str]:
     """A ``locust`` command line on loadgen/locustfile.py."""
     return [sys.executable, "-m", "locust", "-f", str(ROOT / "loadgen" / "locustfile.py"), *args]
@@ -88,11 +85,23 @@ def locust_env(home: Path) -> dict[str, str]:
     return {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(home)}
 
 
+def sent(requests: list[Any], path: str) -> int:
+    return sum(r.method == "POST" and r.path == path for r in requests)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("locust") is None, reason="locust (inferq[locust]) is not installed"
+)
 def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
     tiny_server: Any, response_bytes: Any, tmp_path: Path
 ) -> None:
+    """One user of each class runs until the server has seen two inferences and two job
+    submits, then Locust is stopped (SIGTERM, as a scheduler stops it). Each user sends in
+    turn, so a second request means Locust has recorded the first (a second submit: the first
+    job's whole life): its final stats (``--json``) count at least one of each, not a count
+    that depends on how fast a loaded machine starts Locust. ``-t`` only bounds the run."""
     with ServerThread(tiny_server, v2_handler(response_bytes)) as srv:
-        done = subprocess.run(
+        run = subprocess.Popen(
             locust(
                 "--host",
                 srv.url,
@@ -102,35 +111,45 @@ def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
                 "--headless",
                 "-u",
                 "2",
-                # Both users (one of each class) at once, and long enough for each to send on a
-                # loaded 2-core machine: the assertions count what was sent, not how fast.
                 "-r",
                 "100",
                 "-t",
-                "4s",
-                "--csv",
-                str(tmp_path / "run"),
+                "60s",
+                "--json",
                 "--only-summary",
             ),
             cwd=ROOT,
             env=locust_env(tmp_path),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=50,
         )
+        try:
+            wait_until(
+                lambda: (
+                    (
+                        sent(srv.requests, "/v2/models/m/infer") >= 2
+                        and sent(srv.requests, "/v2/models/m/jobs") >= 2
+                    )
+                    or run.poll() is not None
+                ),
+                timeout_s=50,
+                poll_s=0.05,
+                what="two inferences and two job submits",
+            )
+        finally:
+            run.terminate()
+            out, err = run.communicate(timeout=30)
         requests = list(srv.requests)
-    assert done.returncode == 0, done.stderr[-2000:]
-    with open(tmp_path / "run_stats.csv") as f:
-        stats = {(row["Type"], row["Name"]): row for row in csv.DictReader(f)}
+    assert run.returncode == 0, err[-2000:]
+    stats = {(e["method"], e["name"]): e for e in json.loads(out)}
     for key in [("POST", "infer"), ("POST", "submit"), ("JOB", "/v2/models/m/jobs")]:
-        assert int(stats[key]["Request Count"]) > 0, key
-        assert int(stats[key]["Failure Count"]) == 0, key
+        assert stats[key]["num_requests"] > 0, (key, err[-2000:])
+        assert stats[key]["num_failures"] == 0, key
     posts = [r for r in requests if r.method == "POST"]
-    infers = [r for r in posts if r.path == "/v2/models/m/infer"]
-    submits = [r for r in posts if r.path == "/v2/models/m/jobs"]
-    # Locust's table may miss the last requests cut off by the stop; none is invented.
-    assert len(infers) >= int(stats[("POST", "infer")]["Request Count"])
-    assert len(submits) >= int(stats[("POST", "submit")]["Request Count"])
+    # Locust's stats may miss the last requests cut off by the stop; none is invented.
+    assert sent(requests, "/v2/models/m/infer") >= stats[("POST", "infer")]["num_requests"]
+    assert sent(requests, "/v2/models/m/jobs") >= stats[("POST", "submit")]["num_requests"]
     for r in posts:  # every body is a valid binary V2 request for input x, shape [1, 4]
         length = int(r.headers["inference-header-content-length"])
         head = json.loads(r.body[:length])
