@@ -206,8 +206,11 @@ def test_closed_loop_with_generated_json_inputs_and_every_output(
                 "m",
                 "-c",
                 "2",
+                # A count, not a time: a starved test process still sends them all; -d bounds it.
+                "--max-requests",
+                "20",
                 "-d",
-                "0.2",
+                "30",
                 "--warmup",
                 "0",
                 "--rows",
@@ -281,8 +284,9 @@ def test_input_file_and_jobs_mode(tiny_server, response_bytes, tmp_path: Path, c
     path = tmp_path / "body.json"
     path.write_text(json.dumps(doc))
     with ServerThread(tiny_server, v2_handler(response_bytes)) as srv:
-        argv = ["--url", srv.url, "-m", "m", "-c", "1", "-d", "0.1", "--warmup", "0"]
-        rc = main([*argv, "--input-file", str(path), "--jobs", "--json", "-"], environ={})
+        argv = ["--url", srv.url, "-m", "m", "-c", "1", "--max-requests", "5", "-d", "30"]
+        argv += ["--warmup", "0", "--input-file", str(path), "--jobs", "--json", "-"]
+        rc = main(argv, environ={})
         paths = {r.path.split("?")[0] for r in srv.requests}
         bodies = {r.body for r in srv.requests if r.method == "POST"}
     assert rc == EXIT_OK
