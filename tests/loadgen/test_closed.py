@@ -118,7 +118,14 @@ def test_refused_connections_are_counted_not_raised() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
         res = asyncio.run(
-            run_closed_loop(LoadOptions(f"http://127.0.0.1:{port}/", duration_s=0.1, warmup_s=0), 2)
+            run_closed_loop(
+                # Bounded by a count (the duration only bounds it): however starved the process,
+                # the refusals are made and counted.
+                LoadOptions(
+                    f"http://127.0.0.1:{port}/", duration_s=30, warmup_s=0, max_requests=10
+                ),
+                2,
+            )
         )
     assert res.ok == 0 and res.requests > 0
     assert set(res.errors) == {"ConnectError"}
@@ -171,7 +178,8 @@ def test_against_uvicorn_and_starlette() -> None:
             res = await run_closed_loop(
                 LoadOptions(
                     f"http://127.0.0.1:{port}/v2/models/m/infer",
-                    duration_s=0.5,
+                    duration_s=30,  # bounds it; the count ends it
+                    max_requests=200,
                     warmup_s=0.1,
                     body=json.dumps({"inputs": [{"name": "x", "data": [1, 2]}]}).encode(),
                     headers={"content-type": "application/json"},
