@@ -27,6 +27,7 @@ from consumer.worker import Worker
 from inferq.redisserver import free_port
 from producer.app import create_app
 from producer.gateway import Gateway
+from producer.registry import parse_snapshot, queue_snapshot
 from producer.server import server_config
 from producer.settings import GatewaySettings
 from protocol.keys import Keys
@@ -364,12 +365,16 @@ def binary_body(name: str, array: Any, **parameters: Any) -> tuple[bytes, dict[s
 
 
 def advertisements(redis_url: str, namespace: str) -> list[WorkerInfo]:
-    """What the live workers advertise now, as the gateways read it (one per registered worker
-    whose advertisement has not expired)."""
+    """What the live workers advertise now, read as a gateway's registry reads it (the workers
+    whose lease has not ended, ``producer.registry.queue_snapshot``)."""
     keys = Keys(namespace)
     with redis.Redis.from_url(redis_url) as r:
-        raws = [r.get(keys.worker(w.decode())) for w in r.zrange(keys.workers, 0, -1)]
-    return [WorkerInfo.decode(raw) for raw in raws if raw is not None]
+        seconds, micros = r.time()
+        ids = r.zrangebyscore(keys.workers, seconds * 1000 + micros // 1000, "+inf")
+        pipe = r.pipeline(transaction=False)
+        queue_snapshot(pipe, keys, ids)
+        workers, _, _ = parse_snapshot(ids, pipe.execute())
+    return workers
 
 
 class Stack:
