@@ -21,6 +21,9 @@ P99, and the CPU per answer of every process the peer started (the whole process
 correctly is reported with the error and the run goes on. Results go to
 ``bench/results/realpeers-<label>.json`` as they come and, at the end, with the medians of the
 rounds, also to ``bench/summaries/`` (both stamped with the git revision and the command).
+inferq (``inferq up``: 1 gateway, 1 worker, a private Redis), plain FastAPI and the in-process
+batcher (``bench/peer_servers.py``) take their turns in the same rounds, from this checkout's
+Python, so the closing table of issue #27's targets compares cells of one round.
 Nothing here is in the ``dev`` extra or in CI.
 """
 
@@ -29,13 +32,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import http.client
+import importlib.metadata
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,11 +47,23 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from bench import loadtool, medium_model, peers
-from bench.common import RESULTS, ROOT, cpu_seconds, git_revision, machine, save, wait_for_quiet
+from bench.common import (
+    RESULTS,
+    ROOT,
+    Service,
+    calls_between,
+    command_calls,
+    cpu_seconds,
+    git_revision,
+    machine,
+    model_repository,
+    save,
+    wait_for_quiet,
+)
 from bench.realpeers import envs
 from inferq.redisserver import free_port
 
-LEVELS = {"digits": (1, 16, 128), "medium": (16, 128)}
+LEVELS = {"digits": (1, 16, 64, 128), "medium": (16, 128)}
 LOGS = RESULTS / "realpeers-logs"
 NO_PHONING_HOME = {
     "RAY_USAGE_STATS_ENABLED": "0",
@@ -68,15 +82,45 @@ class RealPeer:
     batching: str
     """How it batches, with ``{max_batch}`` and ``{window_ms}`` filled in from the run."""
     startup_s: float = 180.0
+    checkout: str = ""
+    """Empty for a real peer (its own venv). Otherwise this checkout's own server, run from the
+    benchmark's Python in the same rounds as the peers: ``inferq`` (`inferq up`, 1 gateway and
+    1 worker on a private Redis, as bench/peers.py runs it) or a ``bench/peer_servers.py`` kind
+    (``plain``, ``batcher``)."""
 
     @property
-    def module(self) -> str:
-        return f"bench.realpeers.{self.name}_server"
+    def module(self) -> list[str]:
+        """What follows ``python -m`` to start it (not for ``inferq``: `bench.common.Service`)."""
+        if self.checkout:
+            return ["bench.peer_servers", self.checkout]
+        return [f"bench.realpeers.{self.name}_server"]
 
 
 PEERS = {
     p.name: p
     for p in (
+        RealPeer(
+            "inferq",
+            "inferq (1 gateway, 1 worker, a private Redis)",
+            True,
+            "the models' config.toml: digits max_batch 64, flush_ms 2; medium its own; "
+            "every request with the cache off",
+            checkout="inferq",
+        ),
+        RealPeer(
+            "fastapi",
+            "FastAPI, no batching (bench/peer_servers.py plain)",
+            True,
+            "none",
+            checkout="plain",
+        ),
+        RealPeer(
+            "batcher",
+            "FastAPI + in-process asyncio batcher (bench/peer_servers.py batcher)",
+            True,
+            "max_batch {max_batch}, window {window_ms} ms, one executor thread",
+            checkout="batcher",
+        ),
         RealPeer(
             "triton",
             "Triton (PyTriton, tritonserver + Python backend)",
@@ -121,9 +165,9 @@ PEERS = {
 # --- the peer's processes -----------------------------------------------------------------
 
 
-def process_tree(root: int) -> dict[int, str]:
-    """``root`` and every process below it, by pid, each with a short name (for the CPU split):
-    the command name, or for a Python process the module or script it runs."""
+def process_tree(*roots: int) -> dict[int, str]:
+    """Every process in ``roots`` and below them, by pid, each with a short name (for the CPU
+    split): the command name, or for a Python process the module or script it runs."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -131,7 +175,7 @@ def process_tree(root: int) -> dict[int, str]:
                 ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                 children.setdefault(ppid, []).append(int(entry.name))
     out: dict[int, str] = {}
-    todo = [root]
+    todo = list(roots)
     while todo:
         pid = todo.pop()
         with contextlib.suppress(OSError):
@@ -151,6 +195,8 @@ def process_name(pid: int) -> str:
     for i, arg in enumerate(argv[1:], 1):
         if arg == "-m" and i + 1 < len(argv):
             name = argv[i + 1].rsplit(".", 1)[-1]
+            if name == "inferq" and i + 2 < len(argv):  # `inferq up`, `inferq gateway`, ...
+                name += " " + argv[i + 2]
             break
         if arg == "-c" and i + 1 < len(argv):
             name = "multiprocessing" if "multiprocessing" in argv[i + 1] else "python -c"
@@ -164,19 +210,19 @@ def process_name(pid: int) -> str:
 
 
 class CpuTree:
-    """The CPU a peer's whole process tree used between ``start()`` and ``stop()``."""
+    """The CPU a peer's whole process trees used between ``start()`` and ``stop()``."""
 
-    def __init__(self, root: int) -> None:
-        self.root = root
+    def __init__(self, roots: tuple[int, ...]) -> None:
+        self.roots = roots
         self.before: dict[int, float] = {}
 
     def start(self) -> None:
-        self.before = {pid: cpu_seconds(pid) for pid in process_tree(self.root)}
+        self.before = {pid: cpu_seconds(pid) for pid in process_tree(*self.roots)}
 
     def stop(self) -> dict[str, float]:
         """Seconds used, per process name (a process that started meanwhile counts whole)."""
         out: dict[str, float] = {}
-        for pid, name in process_tree(self.root).items():
+        for pid, name in process_tree(*self.roots).items():
             used = cpu_seconds(pid) - self.before.get(pid, 0.0)
             out[name] = out.get(name, 0.0) + max(used, 0.0)
         return out
@@ -190,6 +236,14 @@ class Running:
     log: Path
     pids: set[int]
     """Every process seen in its tree, so that none outlives the run."""
+    others: tuple[int, ...] = ()
+    """Processes outside ``proc``'s tree whose CPU is the peer's too (inferq's Redis)."""
+    redis_url: str | None = None
+    """inferq's Redis, for the commands per request."""
+
+    @property
+    def roots(self) -> tuple[int, ...]:
+        return (self.proc.pid, *self.others)
 
 
 def log_tail(path: Path, lines: int = 12) -> str:
@@ -203,8 +257,12 @@ def started(
     peer: RealPeer, python: Path, files: dict[str, Path], args: argparse.Namespace, log: Path
 ) -> Iterator[Running]:
     """The peer serving ``files``, answering correctly (JSON) for every model; stopped after."""
+    if peer.checkout == "inferq":
+        with inferq_started(peer, files, log) as running:
+            yield running
+        return
     port = free_port()
-    argv = [str(python), "-m", peer.module, "--port", str(port)]
+    argv = [str(python), "-m", *peer.module, "--port", str(port)]
     argv += ["--max-batch", str(args.max_batch), "--window-ms", str(args.window_ms)]
     for name, path in files.items():
         argv += ["--model", f"{name}={path}"]
@@ -223,6 +281,30 @@ def started(
     finally:
         running.pids |= set(process_tree(proc.pid))
         stop(running)
+
+
+@contextlib.contextmanager
+def inferq_started(peer: RealPeer, files: dict[str, Path], log: Path) -> Iterator[Running]:
+    """`inferq up` on the models' repository (the folder above each model's), as bench/peers.py
+    starts it; its CPU counts the `inferq up` tree and the private Redis."""
+    (repo,) = {path.parents[2] for path in files.values()}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with Service("--model-repository", str(repo), stdout=log, stderr=log) as svc:
+        assert svc.proc is not None
+        for m in files:
+            svc.wait_for_workers(m, 1)
+        (redis_pid,) = svc.role_pids()["redis"]
+        running = Running(
+            peer,
+            svc.url,
+            svc.proc,
+            log,
+            set(process_tree(svc.proc.pid)),
+            (redis_pid,),
+            svc.redis.url,
+        )
+        wait_answering(running, files, peer.startup_s)
+        yield running
 
 
 def wait_answering(running: Running, files: dict[str, Path], timeout_s: float) -> None:
@@ -285,10 +367,16 @@ def measure(
     url = f"{running.url}/v2/models/{model}/infer"
     if args.warmup > 0:
         loadtool.run(url, body, headers, concurrency=concurrency, duration_s=args.warmup)
-    meter = CpuTree(running.proc.pid)
+    meter = CpuTree(running.roots)
+    before_cmds = command_calls(running.redis_url) if running.redis_url else {}
     meter.start()
     load = loadtool.run(url, body, headers, concurrency=concurrency, duration_s=args.duration)
     cpu = meter.stop()
+    extra: dict[str, Any] = {}
+    if running.redis_url:
+        calls = calls_between(before_cmds, command_calls(running.redis_url))
+        calls.pop("info", None)  # the benchmark's own
+        extra["redis_commands_per_request"] = round(sum(calls.values()) / max(load.requests, 1), 3)
     answered = max(load.requests - load.errors, 0)
     per_answer = {k: round(v / max(answered, 1) * 1e6, 1) for k, v in sorted(cpu.items())}
     return {
@@ -304,14 +392,15 @@ def measure(
         "cpu_us_per_request": {"server": round(sum(cpu.values()) / max(answered, 1) * 1e6, 1)},
         "cpu_us_per_process": {k: v for k, v in per_answer.items() if v},
         "cpu_cores": round(sum(cpu.values()) / load.duration_s, 3),
-        "processes": len(process_tree(running.proc.pid)),
+        "processes": len(process_tree(*running.roots)),
+        **extra,
     }
 
 
 def idle_cores(running: Running, seconds: float) -> dict[str, float]:
     """The cores the peer's processes use while it serves nothing (per process, and total):
     what it would take from the others if it stayed up beside them."""
-    meter = CpuTree(running.proc.pid)
+    meter = CpuTree(running.roots)
     meter.start()
     time.sleep(seconds)
     used = {k: round(v / seconds, 3) for k, v in meter.stop().items() if v}
@@ -327,17 +416,21 @@ def run_peer(
     record: Any,
 ) -> dict[str, Any]:
     """All of one peer's cells in one round; returns its status (``ok`` or the error)."""
-    try:
-        env = envs.ensure(envs.PEERS[peer.name], args.envs, args.python)
-    except envs.BuildError as e:
-        return {"status": "does not install", "error": str(e)}
+    if peer.checkout:
+        python, version = Path(sys.executable), checkout_version(peer)
+    else:
+        try:
+            version = envs.ensure(envs.PEERS[peer.name], args.envs, args.python)["version"]
+        except envs.BuildError as e:
+            return {"status": "does not install", "error": str(e)}
+        python = envs.python_of(args.envs, peer.name)
     log = LOGS / f"{args.label}-{peer.name}-r{round_}.log"
     t0 = time.monotonic()
     try:
-        with started(peer, envs.python_of(args.envs, peer.name), files, args, log) as running:
+        with started(peer, python, files, args, log) as running:
             status: dict[str, Any] = {
                 "status": "ok",
-                "version": env["version"],
+                "version": version,
                 "startup_s": round(time.monotonic() - t0, 1),
             }
             if args.idle_s > 0:
@@ -361,6 +454,13 @@ def run_peer(
         return {"status": "does not run", "error": str(e), "log": str(log)}
 
 
+def checkout_version(peer: RealPeer) -> str:
+    """What a checkout server runs: inferq at this revision, or the benchmark venv's FastAPI."""
+    if peer.checkout == "inferq":
+        return f"inferq {git_revision()}"
+    return f"fastapi {importlib.metadata.version('fastapi')}"
+
+
 def configuration(args: argparse.Namespace) -> dict[str, str]:
     fill = {
         "max_batch": args.max_batch,
@@ -368,6 +468,126 @@ def configuration(args: argparse.Namespace) -> dict[str, str]:
         "window_us": round(args.window_ms * 1000),
     }
     return {name: p.batching.format(**fill) for name, p in PEERS.items()}
+
+
+UNBATCHED = {"fastapi", "kserve"}
+"""The peers without batching: not counted for the CPU-per-answer target."""
+
+
+def targets(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue #27's targets, per round (each a ratio of cells measured in the same round):
+    inferq's req/s against the best other server's row (any encoding) per cell at c >= 16, its
+    CPU per answer at digits c=128 against the most frugal batching peer's, c=1 against plain
+    FastAPI, c=64 against the in-process batcher, and its Redis commands per request at c=64."""
+    out: list[dict[str, Any]] = []
+
+    def add(round_: int, name: str, value: float | None, op: str, goal: float, note: str) -> None:
+        met = None if value is None else (value >= goal if op == ">=" else value <= goal)
+        out.append(
+            {
+                "round": round_ + 1,
+                "target": name,
+                "value": value,
+                "goal": f"{op} {goal}",
+                "met": met,
+                "note": note,
+            }
+        )
+
+    def cell(rows: list[dict[str, Any]], target: str) -> dict[str, Any] | None:
+        return next((r for r in rows if r["target"] == target), None)
+
+    cells: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
+    for r in runs:
+        cells.setdefault((r["round"], r["model"], r["concurrency"]), []).append(r)
+    for (round_, model, c), rows in sorted(cells.items()):
+        others = [r for r in rows if r["peer"] != "inferq"]
+        if c >= 16 and others:
+            best = max(others, key=lambda r: r["rps"])
+            for encoding, goal in (("json", 1.3), ("binary", 1.6)):
+                mine = cell(rows, f"inferq-{encoding}")
+                if mine:
+                    add(
+                        round_,
+                        f"{model} c={c}: inferq {encoding} / the best peer",
+                        round(mine["rps"] / best["rps"], 3) if best["rps"] else None,
+                        ">=",
+                        goal,
+                        f"{mine['rps']:.0f} vs {best['target']} {best['rps']:.0f} req/s",
+                    )
+        if (model, c) == ("digits", 128):
+            batching = [r for r in others if r["peer"] not in UNBATCHED and r["rps"] > 0]
+            if batching:
+                frugal = min(batching, key=lambda r: r["cpu_us_per_request"]["server"])
+                least = frugal["cpu_us_per_request"]["server"]
+                for encoding in ("json", "binary"):
+                    mine = cell(rows, f"inferq-{encoding}")
+                    if mine:
+                        cpu = mine["cpu_us_per_request"]["server"]
+                        add(
+                            round_,
+                            f"digits c=128: inferq {encoding} CPU per answer / the most frugal "
+                            "batching peer's",
+                            round(cpu / least, 3),
+                            "<=",
+                            1.0,
+                            f"{cpu:.0f} vs {frugal['target']} {least:.0f} µs",
+                        )
+        mine, plain = cell(rows, "inferq-json"), cell(rows, "fastapi-json")
+        if (model, c) == ("digits", 1) and mine and plain:
+            note = f"{mine['p50_ms']:.2f} vs {plain['p50_ms']:.2f} ms"
+            add(
+                round_,
+                "digits c=1: P50 inferq JSON / FastAPI",
+                round(mine["p50_ms"] / plain["p50_ms"], 3),
+                "<=",
+                2.0,
+                note,
+            )
+            note = f"{mine['rps']:.0f} vs {plain['rps']:.0f} req/s"
+            add(
+                round_,
+                "digits c=1: req/s inferq JSON / FastAPI",
+                round(mine["rps"] / plain["rps"], 3),
+                ">=",
+                0.6,
+                note,
+            )
+        batcher = cell(rows, "batcher-json")
+        if (model, c) == ("digits", 64) and mine and batcher:
+            note = f"{mine['rps']:.0f} vs {batcher['rps']:.0f} req/s"
+            add(
+                round_,
+                "digits c=64: inferq JSON / the in-process batcher",
+                round(mine["rps"] / batcher["rps"], 3),
+                ">=",
+                1.5,
+                note,
+            )
+        if c == 64:
+            for encoding in ("json", "binary"):
+                mine_c = cell(rows, f"inferq-{encoding}")
+                if mine_c and "redis_commands_per_request" in mine_c:
+                    add(
+                        round_,
+                        f"{model} c=64: Redis commands per request, inferq {encoding}",
+                        mine_c["redis_commands_per_request"],
+                        "<=",
+                        2.5,
+                        "",
+                    )
+    return out
+
+
+def print_targets(results: list[dict[str, Any]]) -> None:
+    print("\nissue #27's targets, per round (cells of the same round):", flush=True)
+    for t in results:
+        verdict = {True: "met", False: "NOT met", None: "-"}[t["met"]]
+        print(
+            f"  r{t['round']} {t['target']:<66} {t['value']!s:>7} {t['goal']:<7} {verdict:<8}"
+            f"{t['note']}",
+            flush=True,
+        )
 
 
 def print_table(rows: list[dict[str, Any]], model: str) -> None:
@@ -468,13 +688,8 @@ def main() -> None:
             flush=True,
         )
 
-    with tempfile.TemporaryDirectory(prefix="inferq-realpeers-") as tmp:
-        repo = Path(tmp)
-        shutil.copytree(ROOT / "models" / "digits" / "1", repo / "digits" / "1")
-        files = {"digits": repo / "digits" / "1" / "model.onnx"}
-        if "medium" in models:
-            files["medium"] = medium_model.write(repo)
-        files = {m: p for m, p in files.items() if m in models}
+    with model_repository(digits="digits" in models, medium="medium" in models) as repo:
+        files = {m: repo / m / "1" / "model.onnx" for m in ("digits", "medium") if m in models}
         wants = {m: peers.reference(p, m) for m, p in files.items()}
         if args.ceiling_s > 0:
             header["in_process"] = {
@@ -490,12 +705,20 @@ def main() -> None:
                 if status["status"] != "ok":
                     print(f"  {name}: {status['status']}: {status['error']}", flush=True)
     header["seconds"] = round(time.monotonic() - t0)
-    header["versions"] = {n: (envs.stamp(args.envs, n) or {}).get("version") for n in names}
+    header["versions"] = {
+        n: checkout_version(PEERS[n])
+        if PEERS[n].checkout
+        else (envs.stamp(args.envs, n) or {}).get("version")
+        for n in names
+    }
     rows = peers.median_rows(runs)
     for m in files:
         print_table(rows, m)
+    results = targets(runs)
+    print_targets(results)
     path = save(
-        f"realpeers-{args.label}", {**header, "status": statuses, "rows": rows, "runs": runs}
+        f"realpeers-{args.label}",
+        {**header, "status": statuses, "rows": rows, "targets": results, "runs": runs},
     )
     print(f"\nwrote {raw} and {path.name} (bench/summaries/)", flush=True)
 
