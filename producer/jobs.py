@@ -651,10 +651,12 @@ class JobService:
 
     def _missing(self, job_id: str) -> Gone | NotFound:
         """404 for an id nobody issued (its MAC fails) or a job past its retention; 410 for a
-        job issued within the retention window whose record is gone: Redis lost it."""
+        job issued within the retention window whose record is gone: Redis lost it. An id
+        stamped after this gateway's now was issued by a gateway whose estimate of the Redis
+        clock runs a little ahead of this one's: it is recent, not unknown."""
         issued_ms = job_id_issued_ms(job_id, self._id_key)
         now_ms = self.clock.now_ms()
-        if issued_ms is not None and 0 <= now_ms - issued_ms < self.settings.job_ttl_s * 1000:
+        if issued_ms is not None and now_ms - issued_ms < self.settings.job_ttl_s * 1000:
             return Gone(
                 f"job '{job_id}' was accepted at {iso(issued_ms)}, but Redis no longer has its "
                 "record: Redis lost data (it restarted without persistence, or evicted keys "

@@ -290,6 +290,21 @@ def _forged_id(now_ms: int) -> str:
     return base64.urlsafe_b64encode(body + check).decode()
 
 
+def test_a_lost_record_is_410_even_when_its_id_is_stamped_ahead_of_this_gateways_clock(
+    stack, redis_url
+):
+    """Gateways estimate the Redis clock each on its own, so a job another gateway issued can
+    carry a stamp a few milliseconds after this one's now: still a job Redis lost, not an
+    unknown id."""
+    s = stack(models=("sim",))
+    key = s.gateway.settings.job_id_mac_key()
+    ahead_ms = int(time.time() * 1000) + 2_000
+    job_id = new_job_id(ahead_ms, secrets.token_bytes(JOB_ID_RANDOM_BYTES), key)
+    with s.client() as c:
+        gone = c.get(f"/v2/jobs/{job_id}")
+    assert gone.status_code == 410 and "Redis lost data" in gone.json()["error"], gone.text
+
+
 def test_ids_no_gateway_issued_answer_404_and_a_lost_record_410(stack, redis_url):
     s = stack(models=("sim",))
     now_ms = int(time.time() * 1000)
