@@ -92,6 +92,17 @@ def sent(requests: list[Any], path: str) -> int:
 @pytest.mark.skipif(
     importlib.util.find_spec("locust") is None, reason="locust (inferq[locust]) is not installed"
 )
+def stopped(proc: subprocess.Popen[Any]) -> tuple[Any, Any]:
+    """SIGTERM, then its output; a Locust that has not exited 30 s later is killed, so the
+    test fails (its return code is not 0) instead of leaving the process behind."""
+    proc.terminate()
+    try:
+        return proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.communicate()
+
+
 def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
     tiny_server: Any, response_bytes: Any, tmp_path: Path
 ) -> None:
@@ -138,8 +149,7 @@ def test_a_headless_locust_run_sends_binary_inferences_and_jobs(
                 what="two inferences and two job submits",
             )
         finally:
-            run.terminate()
-            out, err = run.communicate(timeout=30)
+            out, err = stopped(run)
         requests = list(srv.requests)
     assert run.returncode == 0, err[-2000:]
     stats = {(e["method"], e["name"]): e for e in json.loads(out)}
@@ -184,5 +194,4 @@ def test_the_web_ui_listens_on_this_machine_only_by_default(tmp_path: Path) -> N
         assert proc.poll() is None
         assert not answers("127.0.0.2")  # loopback too, but not the address it bound
     finally:
-        proc.terminate()
-        proc.wait(30)
+        stopped(proc)
